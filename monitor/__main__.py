@@ -1,0 +1,5 @@
+"""``python -m monitor`` is the ``relmon`` command."""
+
+from monitor.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,259 @@
+"""Sequential stopping: how many samples an item needs before its mode is certain.
+
+A rule looks only at the counts of the canonical classes seen so far (never at the
+label), so calibration stays valid under adaptive K (paper Prop. 8.3) as long as
+calibration and monitored items use the same rule and settings.
+
+Rules
+-----
+``mixture`` (default)
+    An anytime-valid pairwise test of "the leader is more likely than the runner-up".
+    Only draws that fall in {leader a, runner-up b} count: x = n_a, n = n_a + n_b.
+    Under H0 "theta = p_a / (p_a + p_b) <= 1/2" the mixture likelihood ratio
+
+        E = w1 * 2^n * [n_b = 0]  +  (1 - w1) * 2^(n+1) * B(x+1, n-x+1) * (1 - I_1/2(x+1, n-x+1))
+
+    (prior: mass ``w1`` at theta' = 1, the rest uniform on [1/2, 1]) is a test
+    supermartingale, so by Ville's inequality P(E ever >= m/delta) <= delta/m. The rule
+    stops when E >= m/delta with m = observed classes - 1 (at least 1) rivals, or
+    m = K_max - 1 in strict mode. E only grows when the runner-up's count shrinks, so a
+    wrong leader needs its own pairwise test against the true mode to cross, which the
+    union over m rivals bounds (DESIGN §2).
+``hoeffding``
+    The paper's Theorem 8.1 exactly as printed: stop when
+    Delta_k > sqrt(2 ln(2 |C| k^2 / delta) / k). At delta = 0.05 its threshold stays
+    above 1 until k = 20 even for unanimous answers, so with K_max = 20 it never saves
+    a sample. Kept for comparison.
+``fixed``
+    Always K_max samples (the non-sequential baseline).
+
+Every rule also says how many more samples to ask for (:meth:`StoppingRule.next_batch`):
+the fewest that could possibly let it stop, assuming all of them agree with the leader,
+so the service can batch requests without ever sampling past the point where it
+would have stopped one sample at a time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from scipy import special
+
+from monitor.errors import ConfigError
+
+__all__ = [
+    "DEFAULT_RULE",
+    "Decision",
+    "FixedRule",
+    "HoeffdingRule",
+    "MixtureRule",
+    "StoppingRule",
+    "available_rules",
+    "get_stopping_rule",
+    "mixture_log_e_value",
+]
+
+DEFAULT_RULE = "mixture"
+_LN2 = math.log(2.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What to do after looking at the counts so far.
+
+    ``stop``: sample no more. ``certified``: the rule's criterion holds (stopping
+    because K_max is reached is ``stop`` without ``certified``). ``more``: how many
+    samples to request next (0 when stopping).
+    """
+
+    stop: bool
+    certified: bool
+    more: int
+
+
+def _sorted_counts(counts: Iterable[int]) -> list[int]:
+    raw = [int(x) for x in counts]
+    if any(x < 0 for x in raw):
+        raise ValueError("counts must be >= 0")
+    return sorted((x for x in raw if x > 0), reverse=True)
+
+
+class StoppingRule(Protocol):
+    """The interface the re-issuer drives."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def k0(self) -> int: ...
+
+    @property
+    def k_max(self) -> int: ...
+
+    @property
+    def delta(self) -> float: ...
+
+    def certified(self, counts: Iterable[int]) -> bool:
+        """Whether the criterion holds for these class counts (any order)."""
+        ...
+
+    def decide(self, counts: Iterable[int]) -> Decision:
+        """Stop or not, and how many samples to ask for next."""
+        ...
+
+
+class _RuleBase:
+    """Shared bookkeeping: k0, K_max, delta, and batching by look-ahead."""
+
+    name = "base"
+
+    def __init__(self, *, k0: int = 3, k_max: int = 20, delta: float = 0.05) -> None:
+        if not 1 <= k0 <= k_max:
+            raise ConfigError(f"need 1 <= k0 <= k_max, got k0={k0}, k_max={k_max}")
+        if not 0.0 < delta < 1.0:
+            raise ConfigError(f"delta must be in (0, 1), got {delta}")
+        self._k0, self._k_max, self._delta = int(k0), int(k_max), float(delta)
+
+    @property
+    def k0(self) -> int:
+        return self._k0
+
+    @property
+    def k_max(self) -> int:
+        return self._k_max
+
+    @property
+    def delta(self) -> float:
+        return self._delta
+
+    def _criterion(self, counts: list[int]) -> bool:
+        """The rule's test on sorted, positive counts (k >= k0 already checked)."""
+        raise NotImplementedError
+
+    def certified(self, counts: Iterable[int]) -> bool:
+        c = _sorted_counts(counts)
+        return sum(c) >= self._k0 and bool(c) and self._criterion(c)
+
+    def decide(self, counts: Iterable[int]) -> Decision:
+        c = _sorted_counts(counts)
+        k = sum(c)
+        if k >= self._k0 and c and self._criterion(c):
+            return Decision(stop=True, certified=True, more=0)
+        if k >= self._k_max:
+            return Decision(stop=True, certified=False, more=0)
+        room = self._k_max - k
+        if not c:
+            return Decision(stop=False, certified=False, more=min(room, self._k0))
+        # The fewest further samples that could certify: all of them to the leader.
+        for j in range(1, room + 1):
+            if k + j >= self._k0 and self._criterion([c[0] + j, *c[1:]]):
+                return Decision(stop=False, certified=False, more=j)
+        return Decision(stop=False, certified=False, more=room)
+
+
+def mixture_log_e_value(x: int, y: int, point_mass: float) -> float:
+    """log E for ``x`` leader and ``y`` runner-up draws (see the module docstring)."""
+    n = x + y
+    # 1 - I_{1/2}(x+1, y+1) == I_{1/2}(y+1, x+1), accurate when it is small.
+    tail = float(special.betainc(y + 1, x + 1, 0.5))
+    log_uniform = (
+        (n + 1) * _LN2 + float(special.betaln(x + 1, y + 1)) + math.log(tail)
+        if tail > 0
+        else -math.inf
+    )
+    if point_mass <= 0:
+        return log_uniform
+    if point_mass >= 1:
+        return n * _LN2 if y == 0 else -math.inf
+    terms = [math.log1p(-point_mass) + log_uniform]
+    if y == 0:
+        terms.append(math.log(point_mass) + n * _LN2)
+    top = max(terms)
+    if top == -math.inf:
+        return top
+    return top + math.log(sum(math.exp(t - top) for t in terms))
+
+
+class MixtureRule(_RuleBase):
+    """Anytime-valid pairwise mixture test of leader against runner-up (the default)."""
+
+    name = "mixture"
+
+    def __init__(
+        self,
+        *,
+        k0: int = 3,
+        k_max: int = 20,
+        delta: float = 0.05,
+        point_mass: float = 0.0,
+        strict: bool = False,
+    ) -> None:
+        super().__init__(k0=k0, k_max=k_max, delta=delta)
+        if not 0.0 <= point_mass < 1.0:
+            raise ConfigError(f"point_mass must be in [0, 1), got {point_mass}")
+        self.point_mass = float(point_mass)
+        self.strict = bool(strict)
+
+    def rivals(self, counts: list[int]) -> int:
+        """m: the number of rivals the union bound allows for."""
+        return max(1, self._k_max - 1 if self.strict else len(counts) - 1)
+
+    def log_e_value(self, counts: Iterable[int]) -> float:
+        c = _sorted_counts(counts)
+        if not c:
+            return 0.0
+        return mixture_log_e_value(c[0], c[1] if len(c) > 1 else 0, self.point_mass)
+
+    def _criterion(self, counts: list[int]) -> bool:
+        x, y = counts[0], counts[1] if len(counts) > 1 else 0
+        log_e = mixture_log_e_value(x, y, self.point_mass)
+        return log_e >= math.log(self.rivals(counts) / self._delta)
+
+
+class HoeffdingRule(_RuleBase):
+    """Paper Theorem 8.1, as printed."""
+
+    name = "hoeffding"
+
+    def _criterion(self, counts: list[int]) -> bool:
+        k = sum(counts)
+        margin = (counts[0] - (counts[1] if len(counts) > 1 else 0)) / k
+        bound = math.sqrt(2.0 * math.log(2.0 * len(counts) * k * k / self._delta) / k)
+        return margin > bound
+
+
+class FixedRule(_RuleBase):
+    """Never certifies: always K_max samples, asked for in one batch."""
+
+    name = "fixed"
+
+    def _criterion(self, counts: list[int]) -> bool:
+        return False
+
+
+_RULES: dict[str, Callable[..., StoppingRule]] = {
+    "mixture": MixtureRule,
+    "hoeffding": HoeffdingRule,
+    "fixed": FixedRule,
+}
+
+
+def available_rules() -> list[str]:
+    return sorted(_RULES)
+
+
+def get_stopping_rule(name: str = DEFAULT_RULE, **options: Any) -> StoppingRule:
+    """A rule by name with ``k0``, ``k_max``, ``delta`` and rule-specific options."""
+    try:
+        factory = _RULES[name]
+    except KeyError:
+        raise ConfigError(
+            f"unknown stopping rule {name!r}; available: {', '.join(available_rules())}"
+        ) from None
+    try:
+        return factory(**options)
+    except TypeError as exc:
+        raise ConfigError(f"bad options for stopping rule {name!r}: {exc}") from None

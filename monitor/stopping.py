@@ -1,7 +1,8 @@
 """Sequential stopping: how many samples an item needs before its mode is certain.
 
 A rule looks only at the counts of the canonical classes seen so far (never at the
-label), so calibration stays valid under adaptive K (paper Prop. 8.3) as long as
+label), so calibration stays valid under adaptive K (paper section 9, 'Conformal
+validity with adaptive K') as long as
 calibration and monitored items use the same rule and settings.
 
 Rules
@@ -20,7 +21,8 @@ Rules
     wrong leader needs its own pairwise test against the true mode to cross, which the
     union over m rivals bounds (DESIGN §2).
 ``hoeffding``
-    The paper's Theorem 8.1 exactly as printed: stop when
+    The paper's section 9 theorem 'Certified mode identification' (DESIGN:
+    Theorem 8.1) exactly as printed: stop when
     Delta_k > sqrt(2 ln(2 |C| k^2 / delta) / k). At delta = 0.05 its threshold stays
     above 1 until k = 20 even for unanimous answers, so with K_max = 20 it never saves
     a sample. Kept for comparison.
@@ -38,6 +40,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Protocol
 
 from scipy import special
@@ -154,8 +157,12 @@ class _RuleBase:
         return Decision(stop=False, certified=False, more=room)
 
 
+@lru_cache(maxsize=65536)
 def mixture_log_e_value(x: int, y: int, point_mass: float) -> float:
-    """log E for ``x`` leader and ``y`` runner-up draws (see the module docstring)."""
+    """log E for ``x`` leader and ``y`` runner-up draws (see the module docstring).
+
+    Memoised: a service evaluates the same few (x, y) pairs for every item.
+    """
     n = x + y
     # 1 - I_{1/2}(x+1, y+1) == I_{1/2}(y+1, x+1), accurate when it is small.
     tail = float(special.betainc(y + 1, x + 1, 0.5))
@@ -214,7 +221,7 @@ class MixtureRule(_RuleBase):
 
 
 class HoeffdingRule(_RuleBase):
-    """Paper Theorem 8.1, as printed."""
+    """The paper's Hoeffding stopping time (section 9), as printed."""
 
     name = "hoeffding"
 

@@ -209,7 +209,7 @@ def test_bad_input_is_one_line_exit_2(
     ("override", "expected"),
     [
         ({"--alpha": "1.5"}, "alpha must be in (0, 1)"),
-        ({"--canonicalizer": "nope"}, "unknown canonicalizer"),
+        ({"--canonicalizer": "nope"}, "canonicalizer 'nope': unknown name"),
         ({"--test-fraction": "0.999"}, "leaves"),
         ({"--samples": "/does/not/exist"}, "cannot open"),
     ],

@@ -1,0 +1,268 @@
+"""``relmon simulate EXPERIMENT``: the paper's synthetic experiments (appendix C).
+
+Every experiment prints a plain table (``--json`` for JSON), can write a PNG plot
+(``--plot DIR``, needs matplotlib) and is reproducible from ``--seed``. Bad input is a
+one-line ``relmon: error: ...`` with exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from monitor.errors import ConfigError
+from monitor.stopping import DEFAULT_RULE
+
+__all__ = ["add_simulate_parser"]
+
+
+class _Result(Protocol):
+    def as_dict(self) -> dict[str, object]: ...
+
+    def table(self) -> str: ...
+
+
+# --------------------------------------------------------------------------- argument types
+
+
+def _number(text: str, kind: type[int] | type[float]) -> float:
+    try:
+        return kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+
+
+def _open_unit(name: str) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        a = _number(text, float)
+        if not 0.0 < a < 1.0:
+            raise argparse.ArgumentTypeError(f"{name} must be in (0, 1), got {text}")
+        return a
+
+    return parse
+
+
+_alpha = _open_unit("alpha")
+
+
+def _unit(text: str) -> float:
+    p = _number(text, float)
+    if not 0.0 <= p <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {text}")
+    return p
+
+
+def _positive(text: str) -> int:
+    n = int(_number(text, int))
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
+    return n
+
+
+def _seed(text: str) -> int:
+    n = int(_number(text, int))
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"seed must be >= 0, got {text}")
+    return n
+
+
+def _dist(text: str) -> list[float]:
+    from monitor.simulate.stopping import parse_distribution
+
+    try:
+        return [float(x) for x in parse_distribution(text)]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _weights(text: str) -> list[float]:
+    try:
+        w = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of numbers: {text!r}") from None
+    if not w or any(not x >= 0 for x in w) or sum(w) <= 0:
+        raise argparse.ArgumentTypeError(f"weights must be >= 0 and not all 0: {text!r}")
+    return w
+
+
+# --------------------------------------------------------------------------- output
+
+
+def _emit(result: _Result, args: argparse.Namespace) -> int:
+    if args.json:
+        print(json.dumps(result.as_dict(), indent=2, allow_nan=False))
+    else:
+        print(result.table())
+    if args.plot is not None:
+        from monitor.simulate.plots import plot
+
+        for path in plot(result, Path(args.plot)):
+            print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+def _rng(args: argparse.Namespace) -> np.random.Generator:
+    return np.random.default_rng(args.seed)
+
+
+def _opt(args: argparse.Namespace, **names: str) -> dict[str, Any]:
+    """Keyword arguments for the flags the user gave (``None`` keeps the default)."""
+    out: dict[str, Any] = {}
+    for key, attr in names.items():
+        value = getattr(args, attr)
+        if value is not None:
+            out[key] = tuple(value) if isinstance(value, list) else value
+    return out
+
+
+# --------------------------------------------------------------------------- handlers
+
+
+def _coverage(args: argparse.Namespace) -> int:
+    from monitor.simulate.experiments import run_coverage
+
+    opts = _opt(args, alphas="alpha", p_stars="p_star", n_cal="n_cal", n_test="n_test", k="k")
+    return _emit(run_coverage(_rng(args), reps=args.reps, **opts), args)
+
+
+def _variance(args: argparse.Namespace) -> int:
+    from monitor.simulate.experiments import run_variance
+
+    opts = _opt(args, p_stars="p_star", ks="k")
+    return _emit(run_variance(_rng(args), trials=args.trials, **opts), args)
+
+
+def _setsize(args: argparse.Namespace) -> int:
+    from monitor.simulate.experiments import run_setsize
+
+    opts = _opt(args, alphas="alpha", p_stars="p_star", n_cal="n_cal", n_test="n_test", k="k")
+    return _emit(run_setsize(_rng(args), reps=args.reps, **opts), args)
+
+
+def _entropy(args: argparse.Namespace) -> int:
+    from monitor.simulate.experiments import run_entropy
+
+    opts = _opt(args, alpha="alpha", n_cal="n_cal", n_test="n_test", k="k")
+    return _emit(run_entropy(_rng(args), reps=args.reps, **opts), args)
+
+
+def _canon(args: argparse.Namespace) -> int:
+    from monitor.simulate.experiments import run_canon
+
+    opts = _opt(args, ks="k")
+    return _emit(run_canon(_rng(args), trials=args.trials, **opts), args)
+
+
+def _stopping(args: argparse.Namespace) -> int:
+    from monitor.simulate.sequential import run_stopping, run_stopping_grid
+
+    settings: dict[str, Any] = {
+        "rule": args.rule,
+        "k0": args.k0,
+        "k_max": args.kmax,
+        "delta": args.delta,
+        "point_mass": args.point_mass,
+        "strict": args.strict,
+        "seed": args.seed,
+    }
+    if args.grid:
+        if args.dist is not None or args.weights is not None:
+            raise ConfigError("--grid runs its own distributions; drop --dist and --weights")
+        trials = args.trials if args.trials is not None else 20000
+        return _emit(run_stopping_grid(trials=trials, **settings), args)
+    dists = args.dist if args.dist is not None else [[0.7, 0.2, 0.1]]
+    if args.weights is not None and len(args.weights) != len(dists):
+        raise ConfigError(f"--weights has {len(args.weights)} values for {len(dists)} --dist")
+    trials = args.trials if args.trials is not None else 5000
+    result = run_stopping(
+        dists, weights=args.weights, trials=trials, compare=args.compare, **settings
+    )
+    return _emit(result, args)
+
+
+# --------------------------------------------------------------------------- parser
+
+
+def _add_experiment(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+    name: str,
+    handler: Callable[[argparse.Namespace], int],
+    help_text: str,
+) -> argparse.ArgumentParser:
+    p = sub.add_parser(name, help=help_text, description=help_text)
+    p.add_argument("--seed", type=_seed, default=0, help="random seed (default 0)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--plot", metavar="DIR", help="write a PNG plot to DIR (needs matplotlib)")
+    p.set_defaults(handler=handler)
+    return p
+
+
+def _add_sizes(p: argparse.ArgumentParser, reps: int) -> None:
+    p.add_argument("--reps", type=_positive, default=reps, help=f"repetitions (default {reps})")
+    p.add_argument("--n-cal", type=_positive, help="calibration items per repetition (200)")
+    p.add_argument("--n-test", type=_positive, help="test items per repetition (500)")
+    p.add_argument("--k", type=_positive, help="answers per item (10)")
+
+
+def _add_p_star(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--p-star", type=_unit, action="append", help="agent quality p* (repeatable)")
+
+
+def add_simulate_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
+    """Add ``simulate`` and its experiments to the ``relmon`` command.
+
+    The sub-subcommands' parsers are of the same class as ``simulate``'s, so they
+    report errors the way the main parser does.
+    """
+    sim: argparse.ArgumentParser = subparsers.add_parser(
+        "simulate",
+        help="the paper's synthetic experiments (appendix C)",
+        description=__doc__.splitlines()[0] if __doc__ else None,
+    )
+    sub = sim.add_subparsers(dest="experiment", required=True, metavar="EXPERIMENT")
+
+    p = _add_experiment(sub, "coverage", _coverage, "coverage >= 1 - alpha (Theorem 6.7)")
+    _add_sizes(p, reps=50)
+    _add_p_star(p)
+    p.add_argument("--alpha", type=_alpha, action="append", help="miscoverage (repeatable)")
+
+    p = _add_experiment(sub, "variance", _variance, "mode error vs K and the Hoeffding bound")
+    p.add_argument("--trials", type=_positive, default=5000, help="trials per cell (5000)")
+    p.add_argument("--k", type=_positive, action="append", help="answers per item (repeatable)")
+    _add_p_star(p)
+
+    p = _add_experiment(sub, "setsize", _setsize, "M* vs agent quality p*")
+    _add_sizes(p, reps=20)
+    _add_p_star(p)
+    p.add_argument("--alpha", type=_alpha, action="append", help="miscoverage (repeatable)")
+
+    p = _add_experiment(sub, "entropy", _entropy, "set size vs consensus entropy")
+    _add_sizes(p, reps=10)
+    p.add_argument("--alpha", type=_alpha, help="miscoverage (default 0.1)")
+
+    p = _add_experiment(sub, "canon", _canon, "mode error with and without canonicalization")
+    p.add_argument("--trials", type=_positive, default=5000, help="trials per K (5000)")
+    p.add_argument("--k", type=_positive, action="append", help="answers per item (repeatable)")
+
+    p = _add_experiment(sub, "stopping", _stopping, "sequential stopping: samples and errors")
+    p.add_argument(
+        "--dist", type=_dist, action="append", help="answer distribution, e.g. 0.7,0.2,0.1"
+    )
+    p.add_argument("--weights", type=_weights, help="stream proportions of the --dist values")
+    p.add_argument("--kmax", type=_positive, default=20, help="K_max (default 20)")
+    p.add_argument("--k0", type=_positive, default=3, help="minimum samples (default 3)")
+    p.add_argument(
+        "--delta", type=_open_unit("delta"), default=0.05, help="error level (default 0.05)"
+    )
+    p.add_argument("--rule", default=DEFAULT_RULE, help=f"stopping rule ({DEFAULT_RULE})")
+    p.add_argument("--point-mass", type=float, help="mixture prior mass at theta=1")
+    p.add_argument("--strict", action="store_true", help="allow for K_max - 1 rivals")
+    p.add_argument("--trials", type=_positive, help="trials per distribution (5000; grid 20000)")
+    p.add_argument("--compare", action="store_true", help="also run the hoeffding rule")
+    p.add_argument("--grid", action="store_true", help="run the built-in validation grid")

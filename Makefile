@@ -31,7 +31,7 @@ demo: $(STAMP)
 	$(BIN)/relmon simulate stopping --dist 1.0 --dist 0.6,0.4 --weights 0.9,0.1 --trials 2000 --seed 1
 
 bench: $(STAMP)
-	$(BIN)/python bench/stopping_bench.py
+	$(BIN)/python bench/core_bench.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis

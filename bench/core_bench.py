@@ -1,0 +1,84 @@
+"""Per-item cost of the statistics core, against a bare baseline measured in the same run.
+
+For one item of K answers the service canonicalizes, ranks, asks the stopping rule and
+scores. The baseline is the least any implementation must do: count the raw strings
+with collections.Counter. Reported as ratios to that baseline (machines here are shared
+and noisy, so absolute times mean little).
+
+    .venv/bin/python bench/core_bench.py [--items N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections import Counter
+from collections.abc import Callable
+
+import numpy as np
+
+from monitor.canon import get_canonicalizer
+from monitor.consensus import rank_classes
+from monitor.scores import rank_score
+from monitor.stopping import get_stopping_rule
+
+
+def _items(n: int, k: int, rng: np.random.Generator) -> list[list[str]]:
+    forms = ["{v}", "The answer is {v}.", "#### {v}", "${v}.00", "so we get {v} apples"]
+    out = []
+    for _ in range(n):
+        truth = int(rng.integers(1, 10_000))
+        values = rng.choice([truth, truth + 1, truth - 7], p=[0.7, 0.2, 0.1], size=k)
+        out.append([forms[int(rng.integers(len(forms)))].format(v=int(v)) for v in values])
+    return out
+
+
+def _best_of(fn: Callable[[], None], repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--items", type=int, default=2000)
+    parser.add_argument("--k", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    items = _items(args.items, args.k, np.random.default_rng(0))
+    canon = get_canonicalizer("numeric")
+    rule = get_stopping_rule(k_max=args.k)
+
+    def baseline() -> None:
+        for answers in items:
+            Counter(answers).most_common()
+
+    def canonicalize() -> None:
+        for answers in items:
+            [canon.canonicalize(a) for a in answers]
+
+    def full() -> None:
+        rng = np.random.default_rng(1)
+        for answers in items:
+            classes = [canon.canonicalize(a) for a in answers]
+            consensus = rank_classes(classes, rng)
+            rule.decide(consensus.counts)
+            rank_score(consensus, {classes[0]})
+
+    base = _best_of(baseline, args.repeats)
+    rows = [
+        ("Counter baseline", base),
+        ("numeric canonicalize", _best_of(canonicalize, args.repeats)),
+        ("canonicalize+rank+stop+score", _best_of(full, args.repeats)),
+    ]
+    print(f"{args.items} items x K={args.k}, best of {args.repeats}")
+    for name, t in rows:
+        per_item = t / args.items * 1e6
+        print(f"{name:<30} {per_item:9.1f} us/item  {t / base:7.1f}x baseline")
+
+
+if __name__ == "__main__":
+    main()

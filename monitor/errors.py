@@ -6,7 +6,9 @@ Every error relmon raises on purpose derives from :class:`RelmonError`::
     ├── ConfigError            bad settings, an unknown canonicalizer, bad arguments
     ├── InputError             bad data from a file or a message (names where it came from)
     │   └── CanonicalizationError  an answer or a label cannot be canonicalized as asked
-    └── CalibrationError       not enough calibration data for what was asked
+    ├── CalibrationError       not enough calibration data for what was asked
+    └── ModelCallError         a call to the model endpoint failed (retriable: timeouts,
+                               429, 5xx, connection errors; not: 4xx, garbage bodies)
 
 Errors that may succeed when tried again carry ``retriable = True``.
 """
@@ -18,6 +20,7 @@ __all__ = [
     "CanonicalizationError",
     "ConfigError",
     "InputError",
+    "ModelCallError",
     "RelmonError",
 ]
 
@@ -50,3 +53,12 @@ class CanonicalizationError(InputError):
 
 class CalibrationError(RelmonError):
     """Too little calibration data for the quantity asked for."""
+
+
+class ModelCallError(RelmonError):
+    """A call to the model endpoint failed (after retries, when retriable)."""
+
+    def __init__(self, message: str, *, retriable: bool = False, status: int | None = None):
+        super().__init__(message)
+        self.retriable = retriable
+        self.status = status

@@ -1,0 +1,65 @@
+"""Which live events get monitored, and the call budget. No I/O; the clock is passed in.
+
+Sampling is a deterministic hash of (task, event id): the same event is sampled the same
+way by every replica and after a restart, and a Kafka replay does not re-sample
+differently. The budget is a token bucket of model calls per minute: an item reserves
+its worst case (K_max calls) when admitted and gets back what it did not use, so the
+budget is never exceeded and admission never waits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+__all__ = ["CallBudget", "hash_fraction", "redact", "sampled"]
+
+_EMAIL = re.compile(r"[\w.+-]+@[\w-]+\.[\w.-]+")
+_LONG_DIGITS = re.compile(r"\b(?:\d[ -]?){12,}\b")
+_SECRETISH = re.compile(r"\b(?:sk|pk|api|key|token)[-_][A-Za-z0-9_-]{12,}\b", re.IGNORECASE)
+
+
+def hash_fraction(task: str, item_id: str) -> float:
+    """A uniform number in [0, 1) that depends only on (task, item_id)."""
+    digest = hashlib.sha256(f"{task}\x00{item_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2.0**64
+
+
+def sampled(task: str, item_id: str, rate: float) -> bool:
+    return hash_fraction(task, item_id) < rate
+
+
+def redact(text: str) -> str:
+    """Mask e-mail addresses, long digit runs (cards, phones) and key-like tokens."""
+    text = _EMAIL.sub("[email]", text)
+    text = _SECRETISH.sub("[secret]", text)
+    return _LONG_DIGITS.sub("[number]", text)
+
+
+class CallBudget:
+    """A token bucket of model calls: ``per_minute`` capacity, refilled continuously."""
+
+    def __init__(self, per_minute: int, now: float) -> None:
+        if per_minute < 1:
+            raise ValueError("per_minute must be >= 1")
+        self.capacity = float(per_minute)
+        self.tokens = float(per_minute)
+        self.rate = per_minute / 60.0
+        self._last = now
+
+    def _refill(self, now: float) -> None:
+        if now > self._last:
+            self.tokens = min(self.capacity, self.tokens + (now - self._last) * self.rate)
+            self._last = now
+
+    def try_reserve(self, calls: int, now: float) -> bool:
+        """Take ``calls`` tokens if they are there; never waits."""
+        self._refill(now)
+        if self.tokens >= calls:
+            self.tokens -= calls
+            return True
+        return False
+
+    def refund(self, calls: int, now: float) -> None:
+        self._refill(now)
+        self.tokens = min(self.capacity, self.tokens + max(0, calls))

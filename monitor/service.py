@@ -1,0 +1,438 @@
+"""The streaming monitor: admission, re-asking, consensus, review routing, calibration.
+
+Data flow (DESIGN §1): a source offers an event → :meth:`MonitorService.offer` resolves
+its task, hash-samples it and reserves call budget, never waiting → a worker re-asks
+the model in batches chosen by the stopping rule → canonicalize, rank, prediction sets
+from the current thresholds → with the task's review probability, a review item →
+a verdict (:meth:`apply_verdict`) becomes a score in the (model, task) calibration
+window → metrics.
+
+An item whose model calls fail is abandoned and counted, never scored on partial data.
+Nothing here parses HTTP or Kafka: adapters call :meth:`offer` and
+:meth:`apply_verdict`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from monitor.canon.base import AsyncCanonicalizer, Canonicalizer, QueryContext
+from monitor.certify import item_rng
+from monitor.config import BudgetSettings, TaskSettings
+from monitor.consensus import Consensus, rank_classes
+from monitor.errors import InputError, ModelCallError
+from monitor.events import TrafficEvent, query_hash, query_text
+from monitor.metrics import Metrics
+from monitor.ports import (
+    Admission,
+    CalibrationRecord,
+    CalibrationStore,
+    Clock,
+    ModelClient,
+    ReviewQueue,
+    SystemClock,
+    VerdictOutcome,
+)
+from monitor.review import ReviewItem, Verdict, verdict_score
+from monitor.sampler import CallBudget, redact, sampled
+from monitor.scores import set_size
+from monitor.stopping import StoppingRule
+from monitor.window import CalibrationWindow, WindowSnapshot
+
+__all__ = ["MonitorService", "TaskRuntime"]
+
+log = structlog.get_logger("relmon")
+
+
+@dataclass
+class TaskRuntime:
+    """A configured task with its live parts."""
+
+    settings: TaskSettings
+    canonicalizer: AsyncCanonicalizer
+    rule: StoppingRule
+    client: ModelClient
+    sync_canonicalizer: Canonicalizer | None = None
+
+    @property
+    def name(self) -> str:
+        return self.settings.name
+
+    @property
+    def target_alpha(self) -> float:
+        return round(1.0 - self.settings.reliability_target, 10)
+
+    @property
+    def alphas(self) -> tuple[float, ...]:
+        return tuple(sorted({*self.settings.alphas, self.target_alpha}))
+
+
+@dataclass
+class _Job:
+    event: TrafficEvent
+    task: TaskRuntime
+    source: str
+    sampled_at: float
+    reserved: int
+    done: asyncio.Future[None]
+
+
+@dataclass
+class _WindowState:
+    window: CalibrationWindow
+    snapshot: WindowSnapshot | None = None
+    snapshot_at: float = -1.0
+    pending_reviews: int = 0
+
+
+@dataclass
+class ServiceStats:
+    scored: int = 0
+    abandoned: int = 0
+    reviewed: int = 0
+    verdicts: int = 0
+    calls: int = 0
+    by_decision: Counter[str] = field(default_factory=Counter)
+
+
+class MonitorService:
+    def __init__(
+        self,
+        tasks: Sequence[TaskRuntime],
+        *,
+        store: CalibrationStore,
+        review_queue: ReviewQueue,
+        metrics: Metrics,
+        budget: BudgetSettings,
+        clock: Clock | None = None,
+        seed: int = 0,
+        log_prompts: bool = False,
+    ) -> None:
+        if not tasks:
+            raise ValueError("at least one task is needed")
+        self.tasks = {t.name: t for t in tasks}
+        self.store = store
+        self.review_queue = review_queue
+        self.metrics = metrics
+        self.clock = clock or SystemClock()
+        self.seed = seed
+        self.log_prompts = log_prompts
+        self.budget_settings = budget
+        self.budget = CallBudget(budget.calls_per_minute, self.clock.monotonic())
+        self.queue: asyncio.Queue[_Job] = asyncio.Queue(maxsize=budget.queue_size)
+        self.windows: dict[tuple[str, str], _WindowState] = {}
+        self.stats = ServiceStats()
+        self.loaded = False
+        self.accepting = True
+        self._workers: list[asyncio.Task[None]] = []
+        self._in_flight = 0
+        for t in tasks:
+            self.metrics.reliability_target.labels(self._model(t, None), t.name).set(
+                t.settings.reliability_target
+            )
+
+    # ------------------------------------------------------------------ windows
+
+    def _model(self, task: TaskRuntime, event: TrafficEvent | None) -> str:
+        return task.settings.endpoint.model or (event.model if event else task.name)
+
+    def _state(self, model: str, task: TaskRuntime) -> _WindowState:
+        key = (model, task.name)
+        state = self.windows.get(key)
+        if state is None:
+            s = task.settings
+            state = _WindowState(
+                CalibrationWindow(
+                    alphas=task.alphas,
+                    max_items=s.window_size,
+                    half_life_s=s.half_life_s,
+                    min_inclusion_probability=s.review_rate,
+                )
+            )
+            self.windows[key] = state
+        return state
+
+    def snapshot(self, model: str, task_name: str, *, max_age_s: float = 0.0) -> WindowSnapshot:
+        """The window's snapshot now (cached for ``max_age_s`` seconds)."""
+        task = self.tasks[task_name]
+        state = self._state(model, task)
+        now = self.clock.time()
+        if state.snapshot is None or now - state.snapshot_at > max_age_s:
+            state.snapshot = state.window.snapshot(now)
+            state.snapshot_at = now
+        return state.snapshot
+
+    def publish(self) -> None:
+        """Refresh every window's gauges (decay moves with time, not only with verdicts)."""
+        for (model, name), state in self.windows.items():
+            snap = self.snapshot(model, name)
+            self.metrics.publish(model, name, snap, self.tasks[name].alphas)
+            self.metrics.review_queue_depth.labels(model, name).set(state.pending_reviews)
+
+    async def load(self) -> int:
+        """Rebuild the windows from the store; returns how many records were loaded."""
+        records = await self.store.load_records()
+        loaded = 0
+        for r in records:
+            task = self.tasks.get(r.task)
+            if task is None:
+                continue  # a task no longer configured
+            state = self._state(r.model, task)
+            loaded += state.window.add(r.item_id, r.score, r.inclusion_probability, r.sampled_at)
+        pending = getattr(self.store, "pending_counts", None)
+        if pending is not None:
+            for (model, name), count in (await pending()).items():
+                if name in self.tasks:
+                    self._state(model, self.tasks[name]).pending_reviews = count
+        self.loaded = True
+        self.publish()
+        log.info("windows_loaded", records=loaded, windows=len(self.windows))
+        return loaded
+
+    # ---------------------------------------------------------------- admission
+
+    def resolve_task(self, event: TrafficEvent) -> TaskRuntime | None:
+        if event.task is not None:
+            return self.tasks.get(event.task)
+        for task in self.tasks.values():
+            m = task.settings.match
+            if m.model is not None and m.model == event.model:
+                return task
+        catch_all = [
+            t
+            for t in self.tasks.values()
+            if t.settings.match.model is None
+            and t.settings.match.header is None
+            and t.settings.match.path_prefix is None
+        ]
+        return catch_all[0] if catch_all else None
+
+    def resolve_task_name(
+        self, headers: Mapping[str, str], path: str, body: Mapping[str, Any], header_name: str
+    ) -> str | None:
+        """Task for an HTTP request: header value, then path prefix, then model."""
+        value = headers.get(header_name)
+        for task in self.tasks.values():
+            m = task.settings.match
+            if value is not None and value in {m.header, task.name}:
+                return task.name
+        for task in self.tasks.values():
+            m = task.settings.match
+            if m.path_prefix is not None and path.startswith(m.path_prefix):
+                return task.name
+        model = body.get("model")
+        for task in self.tasks.values():
+            if task.settings.match.model is not None and task.settings.match.model == model:
+                return task.name
+        return None
+
+    def _count(self, source: str, decision: str) -> None:
+        self.metrics.traffic_events.labels(source, decision).inc()
+        self.stats.by_decision[decision] += 1
+
+    def reject(self, source: str, reason: str) -> None:
+        """A malformed event a source could not parse (already dead-lettered by it)."""
+        self._count(source, "rejected")
+        log.warning("event_rejected", source=source, reason=reason)
+
+    def offer(self, event: TrafficEvent, source: str) -> Admission:
+        """Admit or not; never blocks, never raises for a bad event."""
+        task = self.resolve_task(event)
+        if task is None or not sampled(task.name, event.id, task.settings.sampling_rate):
+            self._count(source, "skipped")
+            return Admission("skipped")
+        now = self.clock.monotonic()
+        reserve = task.settings.k_max
+        if not self.accepting or not self.budget.try_reserve(reserve, now):
+            self._count(source, "dropped")
+            return Admission("dropped")
+        loop = asyncio.get_running_loop()
+        job = _Job(event, task, source, self.clock.time(), reserve, loop.create_future())
+        try:
+            self.queue.put_nowait(job)
+        except asyncio.QueueFull:
+            self.budget.refund(reserve, now)
+            self._count(source, "dropped")
+            return Admission("dropped")
+        self._count(source, "sampled")
+        return Admission("sampled", job.done)
+
+    # ------------------------------------------------------------------ workers
+
+    async def _sample(self, job: _Job) -> tuple[list[str], list[str]]:
+        task, event = job.task, job.event
+        context = QueryContext(query=query_text(event.request))
+        answers: list[str] = []
+        classes: list[str] = []
+        decision = task.rule.decide([])
+        while not decision.stop:
+            answers.extend(await task.client.sample(event.request, decision.more))
+            self.stats.calls += decision.more
+            classes = await task.canonicalizer.canonicalize_many(answers, context)
+            decision = task.rule.decide(Counter(classes).values())
+        return answers, classes
+
+    async def _process(self, job: _Job) -> None:
+        task, event = job.task, job.event
+        model = self._model(task, event)
+        started = self.clock.monotonic()
+        used = 0
+        try:
+            try:
+                answers, classes = await self._sample(job)
+            except (ModelCallError, InputError) as exc:
+                self.stats.abandoned += 1
+                self.metrics.items.labels(model, task.name, "abandoned").inc()
+                log.warning(
+                    "item_abandoned", item=event.id, task=task.name, model=model, error=str(exc)
+                )
+                return
+            used = len(answers)
+            rng = item_rng(self.seed, f"{task.name}\x00{event.id}")
+            consensus = rank_classes(classes, rng)
+            reviewed = bool(rng.random() < task.settings.review_rate)
+            snap = self.snapshot(model, task.name, max_age_s=1.0)
+            sizes = {a: set_size(consensus, "rank", snap.thresholds[a]) for a in task.alphas}
+            self.metrics.samples_per_item.labels(model, task.name).observe(consensus.k)
+            self.metrics.set_size.labels(model, task.name).observe(sizes[task.target_alpha])
+            self.metrics.items.labels(model, task.name, "scored").inc()
+            self.stats.scored += 1
+            if reviewed:
+                await self._route_to_review(job, model, consensus)
+            log.info(
+                "item",
+                item=event.id,
+                task=task.name,
+                model=model,
+                source=job.source,
+                query=(
+                    query_text(event.request) if self.log_prompts else query_hash(event.request)
+                ),
+                k=consensus.k,
+                classes=len(consensus.classes),
+                strength=round(consensus.strength, 3),
+                margin=round(consensus.margin, 3),
+                set_size=sizes[task.target_alpha],
+                reviewed=reviewed,
+                seconds=round(self.clock.monotonic() - started, 3),
+            )
+        finally:
+            self.budget.refund(job.reserved - used, self.clock.monotonic())
+            if not job.done.done():
+                job.done.set_result(None)
+
+    async def _route_to_review(self, job: _Job, model: str, consensus: Consensus) -> None:
+        task, event = job.task, job.event
+        item = ReviewItem.from_consensus(
+            item_id=f"{task.name}:{event.id}",
+            model=model,
+            task=task.name,
+            query=redact(query_text(event.request)),
+            consensus=consensus,
+            inclusion_probability=task.settings.review_rate,
+            sampled_at=job.sampled_at,
+        )
+        store: object = self.store
+        if store is not self.review_queue:  # the SQLite store is both
+            await self.store.save_review_item(item)
+        await self.review_queue.submit(item)
+        self._state(model, task).pending_reviews += 1
+        self.metrics.review_queue_depth.labels(model, task.name).set(
+            self._state(model, task).pending_reviews
+        )
+        self.stats.reviewed += 1
+
+    async def _worker(self) -> None:
+        while True:
+            job = await self.queue.get()
+            self._in_flight += 1
+            try:
+                await self._process(job)
+            except Exception:  # one item's failure must not stop the worker
+                log.exception("item_failed", item=job.event.id, task=job.task.name)
+                if not job.done.done():
+                    job.done.set_result(None)
+            finally:
+                self._in_flight -= 1
+                self.queue.task_done()
+
+    def start(self) -> None:
+        if not self._workers:
+            self._workers = [
+                asyncio.create_task(self._worker(), name=f"relmon-worker-{i}")
+                for i in range(self.budget_settings.max_in_flight)
+            ]
+
+    async def drain(self) -> None:
+        """Wait until every admitted item is handled."""
+        await self.queue.join()
+
+    async def stop(self, timeout_s: float) -> bool:
+        """Stop admitting, finish in-flight items within ``timeout_s``; True if drained.
+
+        Items not finished keep their ``done`` unresolved, so a Kafka source does not
+        commit them and they are delivered again after a restart.
+        """
+        self.accepting = False
+        drained = True
+        try:
+            await asyncio.wait_for(self.queue.join(), timeout_s)
+        except TimeoutError:
+            drained = False
+        for w in self._workers:
+            w.cancel()
+        for w in self._workers:
+            with contextlib.suppress(asyncio.CancelledError):
+                await w
+        self._workers = []
+        return drained
+
+    # ----------------------------------------------------------------- verdicts
+
+    async def apply_verdict(self, verdict: Verdict) -> VerdictOutcome:
+        item = await self.store.get_review_item(verdict.item_id)
+        if item is None or item.task not in self.tasks:
+            self.metrics.reviews.labels("", "", "unknown").inc()
+            return VerdictOutcome("unknown", reason="no such review item")
+        task = self.tasks[item.task]
+        if any(r > len(item.candidates) for r in verdict.accepted_ranks):
+            self.metrics.reviews.labels(item.model, item.task, "invalid").inc()
+            return VerdictOutcome("invalid", reason="accepted rank beyond the candidates")
+        score = verdict_score(
+            item, verdict, task.sync_canonicalizer, QueryContext(query=item.query)
+        )
+        record = CalibrationRecord(
+            model=item.model,
+            task=item.task,
+            item_id=item.item_id,
+            score=score,
+            inclusion_probability=item.inclusion_probability,
+            sampled_at=item.sampled_at,
+        )
+        state = self._state(item.model, task)
+        if not await self.store.save_record(record, verdict) or item.item_id in state.window:
+            self.metrics.reviews.labels(item.model, item.task, "duplicate").inc()
+            return VerdictOutcome("duplicate", score=score)
+        state.window.add(item.item_id, score, item.inclusion_probability, item.sampled_at)
+        state.pending_reviews = max(0, state.pending_reviews - 1)
+        self.metrics.reviews.labels(
+            item.model, item.task, "none" if verdict.none_of_these else "accepted"
+        ).inc()
+        self.stats.verdicts += 1
+        state.snapshot = None
+        self.metrics.publish(
+            item.model, item.task, self.snapshot(item.model, item.task), task.alphas
+        )
+        self.metrics.review_queue_depth.labels(item.model, item.task).set(state.pending_reviews)
+        return VerdictOutcome("applied", score=score)
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight + self.queue.qsize()

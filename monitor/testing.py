@@ -1,0 +1,87 @@
+"""Fakes for tests of the service core (STYLE: fakes shipped with the package).
+
+Real components are tested against real servers in tests/kafka, tests/http and
+tests/model; these stand-ins only serve tests of the service's own logic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from monitor.errors import ModelCallError
+from monitor.events import query_text
+from monitor.ports import CalibrationRecord
+from monitor.review import ReviewItem, Verdict
+
+__all__ = ["FakeModelClient", "InMemoryStore", "ManualClock"]
+
+
+class ManualClock:
+    def __init__(self, t: float = 1_800_000_000.0) -> None:
+        self.t = t
+
+    def time(self) -> float:
+        return self.t
+
+    def monotonic(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+
+class FakeModelClient:
+    """Answers with ``answer(query_text, call_index)``; raises when it returns an exception."""
+
+    def __init__(self, answer: Callable[[str, int], str | Exception]) -> None:
+        self.answer = answer
+        self.calls = 0
+
+    async def sample(self, request: Mapping[str, Any], n: int) -> list[str]:
+        out = []
+        for _ in range(n):
+            result = self.answer(query_text(request), self.calls)
+            self.calls += 1
+            if isinstance(result, Exception):
+                raise ModelCallError(str(result), retriable=True)
+            out.append(result)
+        return out
+
+    async def aclose(self) -> None:
+        return None
+
+
+class InMemoryStore:
+    """A CalibrationStore and ReviewQueue in memory (what SqliteStore does on disk)."""
+
+    def __init__(self) -> None:
+        self.items: dict[str, ReviewItem] = {}
+        self.records: dict[str, tuple[CalibrationRecord, Verdict]] = {}
+
+    async def submit(self, item: ReviewItem) -> None:
+        self.items.setdefault(item.item_id, item)
+
+    async def depth(self) -> int:
+        return sum(1 for i in self.items if i not in self.records)
+
+    async def save_review_item(self, item: ReviewItem) -> None:
+        self.items.setdefault(item.item_id, item)
+
+    async def get_review_item(self, item_id: str) -> ReviewItem | None:
+        return self.items.get(item_id)
+
+    async def save_record(self, record: CalibrationRecord, verdict: Verdict) -> bool:
+        if record.item_id in self.records:
+            return False
+        self.records[record.item_id] = (record, verdict)
+        return True
+
+    async def load_records(self) -> Sequence[CalibrationRecord]:
+        return [r for r, _ in self.records.values()]
+
+    def pending(self) -> list[ReviewItem]:
+        return [i for k, i in self.items.items() if k not in self.records]
+
+    async def aclose(self) -> None:
+        return None

@@ -1,0 +1,254 @@
+"""The service core with fakes: admission, sampling, review routing, verdicts, restart."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+import pytest
+from prometheus_client import CollectorRegistry
+
+from monitor.canon import as_async, get_canonicalizer
+from monitor.config import BudgetSettings, TaskSettings
+from monitor.conformal import decay_weights, weighted_reliability_level, weighted_threshold
+from monitor.events import parse_event
+from monitor.metrics import Metrics
+from monitor.review import Verdict
+from monitor.service import MonitorService, TaskRuntime
+from monitor.stopping import get_stopping_rule
+from monitor.testing import FakeModelClient, InMemoryStore, ManualClock
+
+
+def arithmetic_model(p_right: float, seed: int = 0):
+    rng = np.random.default_rng(seed)
+
+    def answer(query: str, call: int) -> str:
+        a, b = map(int, re.findall(r"\d+", query)[:2])
+        right = a + b
+        return f"The answer is {right if rng.random() < p_right else right + 1}."
+
+    return answer
+
+
+def make_service(
+    *,
+    client: FakeModelClient,
+    store: InMemoryStore | None = None,
+    clock: ManualClock | None = None,
+    sampling_rate: float = 1.0,
+    review_rate: float = 1.0,
+    budget: BudgetSettings | None = None,
+    registry: CollectorRegistry | None = None,
+) -> tuple[MonitorService, InMemoryStore, Metrics, CollectorRegistry]:
+    settings = TaskSettings(
+        name="arith",
+        canonicalizer="numeric",
+        k_max=10,
+        k0=3,
+        sampling_rate=sampling_rate,
+        review_rate=review_rate,
+        half_life_s=600,
+        endpoint={"model": "sim-1"},
+    )
+    canon = get_canonicalizer("numeric")
+    task = TaskRuntime(
+        settings=settings,
+        canonicalizer=as_async(canon),
+        rule=get_stopping_rule(k_max=10, k0=3),
+        client=client,
+        sync_canonicalizer=canon,
+    )
+    store = store or InMemoryStore()
+    registry = registry or CollectorRegistry()
+    metrics = Metrics(registry, k_max=10)
+    service = MonitorService(
+        [task],
+        store=store,
+        review_queue=store,
+        metrics=metrics,
+        budget=budget or BudgetSettings(calls_per_minute=100_000, max_in_flight=2, queue_size=100),
+        clock=clock or ManualClock(),
+    )
+    return service, store, metrics, registry
+
+
+def event(i: int, a: int = 2, b: int = 3) -> dict[str, object]:
+    return {
+        "id": f"req-{i}",
+        "model": "sim-1",
+        "task": "arith",
+        "request": {
+            "model": "sim-1",
+            "messages": [{"role": "user", "content": f"What is {a} + {b}?"}],
+        },
+    }
+
+
+async def test_events_flow_to_review_and_verdicts_to_the_window() -> None:
+    client = FakeModelClient(arithmetic_model(0.9))
+    service, store, metrics, registry = make_service(client=client)
+    await service.load()
+    service.start()
+    admissions = [service.offer(parse_event(event(i, i, 7)), "test") for i in range(40)]
+    assert all(a.decision == "sampled" for a in admissions)
+    await service.drain()
+    assert all(a.done is not None and a.done.done() for a in admissions)
+    assert len(store.items) == 40  # review rate 1
+    # Verdicts from the ground truth.
+    scores = []
+    for item in store.pending():
+        a, b = map(int, re.findall(r"\d+", item.query)[:2])
+        ranks = [i + 1 for i, (c, _) in enumerate(item.candidates) if c == str(a + b)]
+        verdict = (
+            Verdict(item.item_id, tuple(ranks))
+            if ranks
+            else Verdict(item.item_id, none_of_these=True)
+        )
+        outcome = await service.apply_verdict(verdict)
+        assert outcome.status == "applied"
+        scores.append(outcome.score)
+        again = await service.apply_verdict(verdict)
+        assert again.status == "duplicate"
+    await service.stop(5)
+    level = registry.get_sample_value(
+        "relmon_reliability_level", {"model": "sim-1", "task": "arith"}
+    )
+    # All items were sampled at the same clock time, so all weights are equal.
+    expected = sum(1 for s in scores if s <= 1) / (len(scores) + 1)
+    assert level == pytest.approx(expected)
+    threshold = registry.get_sample_value(
+        "relmon_conformal_threshold", {"model": "sim-1", "task": "arith", "alpha": "0.1"}
+    )
+    w = np.ones(len(scores))
+    assert threshold == weighted_threshold(scores, w, 0.1, test_weight=1.0)
+    assert (
+        registry.get_sample_value(
+            "relmon_traffic_events_total", {"source": "test", "decision": "sampled"}
+        )
+        == 40
+    )
+    assert (
+        registry.get_sample_value(
+            "relmon_samples_per_item_count", {"model": "sim-1", "task": "arith"}
+        )
+        == 40
+    )
+    assert (
+        registry.get_sample_value(
+            "relmon_reviews_total", {"model": "sim-1", "task": "arith", "verdict": "duplicate"}
+        )
+        == 40
+    )
+
+
+async def test_restart_restores_exactly_the_same_window() -> None:
+    clock = ManualClock()
+    client = FakeModelClient(arithmetic_model(0.7, seed=3))
+    service, store, _, reg1 = make_service(client=client, clock=clock)
+    await service.load()
+    service.start()
+    for i in range(30):
+        service.offer(parse_event(event(i, i, 1)), "test")
+        clock.advance(10)
+        await service.drain()
+    for item in store.pending():
+        a, b = map(int, re.findall(r"\d+", item.query)[:2])
+        ranks = [i + 1 for i, (c, _) in enumerate(item.candidates) if c == str(a + b)]
+        await service.apply_verdict(
+            Verdict(item.item_id, tuple(ranks))
+            if ranks
+            else Verdict(item.item_id, none_of_these=True)
+        )
+    await service.stop(5)
+    before = service.snapshot("sim-1", "arith")
+    restarted, _, _, _ = make_service(client=client, store=store, clock=clock)
+    assert await restarted.load() == 30
+    after = restarted.snapshot("sim-1", "arith")
+    assert after == before
+    # And equals the batch weighted formula with decay on the sampling times.
+    recs = [r for r, _ in store.records.values()]
+    w = decay_weights([clock.time() - r.sampled_at for r in recs], 600) / 1.0
+    assert after.reliability_level == pytest.approx(
+        weighted_reliability_level([r.score for r in recs], w)
+    )
+
+
+async def test_failed_calls_abandon_the_item_and_refund_the_budget() -> None:
+    client = FakeModelClient(lambda q, i: RuntimeError("boom") if i >= 2 else "5")
+    service, store, _, registry = make_service(client=client)
+    service.start()
+    admission = service.offer(parse_event(event(1)), "test")
+    await service.drain()
+    await service.stop(1)
+    assert admission.done is not None and admission.done.done()
+    assert store.items == {}  # never scored on partial data
+    assert (
+        registry.get_sample_value(
+            "relmon_items_total", {"model": "sim-1", "task": "arith", "outcome": "abandoned"}
+        )
+        == 1
+    )
+    assert service.budget.tokens == pytest.approx(service.budget.capacity)
+
+
+async def test_over_budget_and_full_queue_drop_without_waiting() -> None:
+    client = FakeModelClient(lambda q, i: "5")
+    service, _, _, registry = make_service(
+        client=client, budget=BudgetSettings(calls_per_minute=25, max_in_flight=1, queue_size=100)
+    )
+    decisions = [service.offer(parse_event(event(i)), "test").decision for i in range(5)]
+    assert decisions == [
+        "sampled",
+        "sampled",
+        "dropped",
+        "dropped",
+        "dropped",
+    ]  # 10 calls reserved each
+    service2, _, _, _ = make_service(
+        client=client, budget=BudgetSettings(calls_per_minute=10_000, max_in_flight=1, queue_size=2)
+    )
+    decisions = [service2.offer(parse_event(event(i)), "test").decision for i in range(4)]
+    assert decisions == ["sampled", "sampled", "dropped", "dropped"]
+    assert (
+        registry.get_sample_value(
+            "relmon_traffic_events_total", {"source": "test", "decision": "dropped"}
+        )
+        == 3
+    )
+
+
+async def test_hash_sampling_is_deterministic_and_near_the_rate() -> None:
+    client = FakeModelClient(lambda q, i: "5")
+    service, _, _, _ = make_service(
+        client=client,
+        sampling_rate=0.1,
+        budget=BudgetSettings(calls_per_minute=10**7, max_in_flight=1, queue_size=10_000),
+    )
+    first = [service.offer(parse_event(event(i)), "t").decision for i in range(4000)]
+    share = first.count("sampled") / 4000
+    assert abs(share - 0.1) < 0.02
+    service2, _, _, _ = make_service(
+        client=client,
+        sampling_rate=0.1,
+        budget=BudgetSettings(calls_per_minute=10**7, max_in_flight=1, queue_size=10_000),
+    )
+    assert [service2.offer(parse_event(event(i)), "t").decision for i in range(4000)] == first
+
+
+async def test_unknown_verdicts_and_invalid_ranks() -> None:
+    service, store, _, _ = make_service(client=FakeModelClient(lambda q, i: "5"))
+    assert (await service.apply_verdict(Verdict("nope", (1,)))).status == "unknown"
+    service.start()
+    service.offer(parse_event(event(1)), "test")
+    await service.drain()
+    await service.stop(1)
+    item = store.pending()[0]
+    assert (await service.apply_verdict(Verdict(item.item_id, (5,)))).status == "invalid"
+    outcome = await service.apply_verdict(
+        Verdict(item.item_id, none_of_these=True, correct_answer="5.0")
+    )
+    assert outcome.status == "applied" and outcome.score == 1.0  # typed answer found at rank 1
+    snap = service.snapshot("sim-1", "arith")
+    assert snap.n == 1 and snap.reliability_level == pytest.approx(0.5)  # 1 / (n + 1)
+    assert snap.thresholds[0.3] == math.inf  # k = ceil(2 * 0.7) = 2 > n = 1

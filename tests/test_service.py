@@ -87,7 +87,7 @@ def event(i: int, a: int = 2, b: int = 3) -> dict[str, object]:
 
 async def test_events_flow_to_review_and_verdicts_to_the_window() -> None:
     client = FakeModelClient(arithmetic_model(0.9))
-    service, store, metrics, registry = make_service(client=client)
+    service, store, _, registry = make_service(client=client)
     await service.load()
     service.start()
     admissions = [service.offer(parse_event(event(i, i, 7)), "test") for i in range(40)]
@@ -145,7 +145,7 @@ async def test_events_flow_to_review_and_verdicts_to_the_window() -> None:
 async def test_restart_restores_exactly_the_same_window() -> None:
     clock = ManualClock()
     client = FakeModelClient(arithmetic_model(0.7, seed=3))
-    service, store, _, reg1 = make_service(client=client, clock=clock)
+    service, store, _, _ = make_service(client=client, clock=clock)
     await service.load()
     service.start()
     for i in range(30):

@@ -9,7 +9,10 @@ STAMP  := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test,plot]'
+	# torch first, pinned: the CPU wheel of this version is on local disk; anything else
+	# would pull the registry's newest build with gigabytes of CUDA.
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[test,plot,embedding]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -27,8 +30,7 @@ unit: $(STAMP)
 test: lint typecheck unit
 
 demo: $(STAMP)
-	$(BIN)/relmon simulate coverage
-	$(BIN)/relmon simulate stopping --dist 1.0 --dist 0.6,0.4 --weights 0.9,0.1 --trials 2000 --seed 1
+	$(BIN)/relmon demo
 
 bench: $(STAMP)
 	$(BIN)/python bench/core_bench.py

@@ -25,6 +25,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     from monitor.certify_cli import add_certify_parser
+    from monitor.service_cli import add_service_parsers
     from monitor.simulate.cli import add_simulate_parser
 
     parser = _Parser(prog="relmon", description=__doc__.splitlines()[0] if __doc__ else None)
@@ -32,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     add_certify_parser(sub)
     add_simulate_parser(sub)
+    add_service_parsers(sub)
     return parser
 
 

@@ -33,7 +33,13 @@ records = st.lists(
 )
 
 
-def batch(recs: list[tuple[float, float, float]], now: float, h: float | None, max_items: int, pi_min: float):
+def batch(
+    recs: list[tuple[float, float, float]],
+    now: float,
+    h: float | None,
+    max_items: int,
+    pi_min: float,
+):
     kept = recs[-max_items:] if recs else []
     scores = [s for s, _, _ in kept]
     ages = [now - t for _, _, t in kept]
@@ -47,7 +53,9 @@ def batch(recs: list[tuple[float, float, float]], now: float, h: float | None, m
 def test_matches_batch_weighted_formulas(recs, h, max_items) -> None:
     recs = sorted(recs, key=lambda r: r[2])
     now = (recs[-1][2] if recs else 0.0) + 17.0
-    window = CalibrationWindow(alphas=ALPHAS, max_items=max_items, half_life_s=h, min_inclusion_probability=0.1)
+    window = CalibrationWindow(
+        alphas=ALPHAS, max_items=max_items, half_life_s=h, min_inclusion_probability=0.1
+    )
     for i, (s, p, t) in enumerate(recs):
         assert window.add(f"id{i}", s, p, t)
     snap = window.snapshot(now)

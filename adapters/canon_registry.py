@@ -1,0 +1,123 @@
+"""Asynchronous canonicalizers by name: the I/O ones here, the rest from the sync registry.
+
+``get_async_canonicalizer("embedding", threshold=0.9)`` builds
+:class:`~adapters.embedding_canon.EmbeddingCanonicalizer`;
+``get_async_canonicalizer("llm", endpoint=URL, model=NAME, model_client_factory=f)``
+builds :class:`~adapters.llm_canon.LlmCanonicalizer` with a judge client made by
+``f(endpoint=URL, model=NAME, **client_options)`` (it owns that client: close it with
+``aclose()``), or with a ready ``client=`` that the caller keeps and closes. Any other
+spec goes to :func:`monitor.canon.get_canonicalizer` and is wrapped with
+:func:`~monitor.canon.as_async`. Every failure is a :class:`~monitor.errors.ConfigError`.
+
+The judge must answer at temperature 0. A client that sets its own sampling parameters
+must be built that way, e.g. for ``adapters.openai_client.OpenAIClient`` (which replaces
+the request's ``model``, ``temperature`` and ``max_tokens`` with its own)::
+
+    def judge_factory(*, endpoint: str, model: str | None, **options: Any) -> ModelClient:
+        return OpenAIClient(base_url=endpoint, model=model or "judge", temperature=0.0,
+                            max_tokens=64, **options)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from monitor.canon import AsyncCanonicalizer, as_async, available_canonicalizers, get_canonicalizer
+from monitor.errors import ConfigError
+from monitor.ports import ModelClient
+
+__all__ = ["ModelClientFactory", "available_async_canonicalizers", "get_async_canonicalizer"]
+
+ModelClientFactory = Callable[..., ModelClient]
+"""Builds the judge's client: called as ``factory(endpoint=..., model=..., **client_options)``."""
+
+_IO_NAMES = ("embedding", "llm")
+
+
+def available_async_canonicalizers() -> list[str]:
+    """The registered names, the I/O ones included, sorted."""
+    return sorted({*available_canonicalizers(), *_IO_NAMES})
+
+
+def get_async_canonicalizer(
+    spec: str, *, model_client_factory: ModelClientFactory | None = None, **options: Any
+) -> AsyncCanonicalizer:
+    """Build the canonicalizer ``spec`` (any case) with ``options``; see the module doc."""
+    if not isinstance(spec, str):
+        raise ConfigError(f"canonicalizer spec must be a string, got {type(spec).__name__}")
+    name = spec.strip().lower()
+    if name == "embedding":
+        return _embedding(options)
+    if name == "llm":
+        return _llm(options, model_client_factory)
+    return as_async(get_canonicalizer(spec, **options))
+
+
+def _embedding(options: dict[str, Any]) -> AsyncCanonicalizer:
+    from adapters.embedding_canon import EmbeddingCanonicalizer
+
+    try:
+        return EmbeddingCanonicalizer(**options)
+    except TypeError as exc:
+        raise ConfigError(f"canonicalizer 'embedding': bad options: {exc}") from exc
+
+
+def _llm(options: dict[str, Any], factory: ModelClientFactory | None) -> AsyncCanonicalizer:
+    client = options.pop("client", None)
+    endpoint = options.pop("endpoint", None)
+    client_options = options.pop("client_options", None) or {}
+    if not isinstance(client_options, Mapping):
+        raise ConfigError("canonicalizer 'llm': client_options must be a mapping")
+    then = options.get("then")
+    if isinstance(then, str) and then.strip().lower() in _IO_NAMES:
+        # "llm then embedding" (paper A.3): cluster the judge's extractions.
+        options["then"] = get_async_canonicalizer(
+            then,
+            model_client_factory=factory,
+            **dict(options.pop("then_options", None) or {}),
+        )
+    owns = False
+    if client is None:
+        # Check the options before a client (and its connection pool) exists to leak.
+        _build_llm(_UnbuiltClient(), False, options)
+        if not isinstance(endpoint, str) or not endpoint.strip():
+            raise ConfigError(
+                "canonicalizer 'llm' needs a judge: set endpoint= (the judge's "
+                "OpenAI-compatible base URL) or pass client="
+            )
+        if factory is None:
+            raise ConfigError(
+                "canonicalizer 'llm': no model_client_factory to reach the judge endpoint"
+            )
+        try:
+            client = factory(endpoint=endpoint, model=options.get("model"), **client_options)
+        except ConfigError:
+            raise
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(
+                f"canonicalizer 'llm': cannot build the judge client: {type(exc).__name__}: {exc}"
+            ) from exc
+        owns = True
+    elif endpoint is not None or client_options:
+        raise ConfigError("canonicalizer 'llm': give either client= or endpoint=, not both")
+    return _build_llm(client, owns, options)
+
+
+def _build_llm(client: Any, owns: bool, options: dict[str, Any]) -> AsyncCanonicalizer:
+    from adapters.llm_canon import LlmCanonicalizer
+
+    try:
+        return LlmCanonicalizer(client, owns_client=owns, **options)
+    except TypeError as exc:
+        raise ConfigError(f"canonicalizer 'llm': bad options: {exc}") from exc
+
+
+class _UnbuiltClient:
+    """Stands in for the judge client while the options are checked; never called."""
+
+    async def sample(self, request: Mapping[str, Any], n: int) -> list[str]:
+        raise AssertionError("unreachable")
+
+    async def aclose(self) -> None:
+        return None

@@ -1,0 +1,363 @@
+"""Calibration state and the review queue in one SQLite file (stdlib ``sqlite3``).
+
+:class:`SqliteStore` implements :class:`monitor.ports.CalibrationStore` and
+:class:`monitor.ports.ReviewQueue`. The database runs in WAL mode with
+``synchronous=FULL``: once a write method has returned, its data survives ``kill -9``
+(and a power cut). One connection is used, only ever from one dedicated worker thread,
+so every call is serialized and the event loop never waits on the disk.
+
+Schema (version :data:`SCHEMA_VERSION`)::
+
+    review_items(item_id TEXT PRIMARY KEY, model, task, body TEXT (ReviewItem JSON),
+                 created REAL (seconds since the epoch), pending INTEGER (1 until scored))
+    records(item_id TEXT PRIMARY KEY, model, task,
+            score REAL  -- the rank score; NULL means +inf (no accepted candidate)
+            inclusion_probability REAL, sampled_at REAL, verdict TEXT (Verdict JSON),
+            applied_at REAL)
+    schema_version(version INTEGER)
+
+``pending`` is derived data kept for the index that makes :meth:`next_pending` and
+:meth:`depth` cheap: an item stops being pending in the same transaction that saves its
+record. ``path=":memory:"`` gives a private in-memory database (for tests).
+
+Errors: a file that cannot be opened, or a schema from a newer relmon, raises
+:class:`~monitor.errors.ConfigError`; a failing read or write raises :class:`StoreError`
+(retriable when SQLite reports a busy or locked database).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import sqlite3
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from monitor.errors import ConfigError, RelmonError
+from monitor.ports import CalibrationRecord, CalibrationStore, Clock, ReviewQueue, SystemClock
+from monitor.review import ReviewItem, Verdict
+
+__all__ = ["SCHEMA_VERSION", "SqliteStore", "StoreError"]
+
+SCHEMA_VERSION = 1
+_T = TypeVar("_T")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS review_items (
+    item_id TEXT PRIMARY KEY,
+    model TEXT NOT NULL,
+    task TEXT NOT NULL,
+    body TEXT NOT NULL,
+    created REAL NOT NULL,
+    pending INTEGER NOT NULL DEFAULT 1
+);
+CREATE INDEX IF NOT EXISTS review_items_pending ON review_items (pending) WHERE pending = 1;
+CREATE INDEX IF NOT EXISTS review_items_pending_task ON review_items (task, pending)
+    WHERE pending = 1;
+CREATE TABLE IF NOT EXISTS records (
+    item_id TEXT PRIMARY KEY,
+    model TEXT NOT NULL,
+    task TEXT NOT NULL,
+    score REAL,
+    inclusion_probability REAL NOT NULL,
+    sampled_at REAL NOT NULL,
+    verdict TEXT NOT NULL,
+    applied_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS records_by_age ON records (sampled_at);
+"""
+
+
+class StoreError(RelmonError):
+    """A read or write of the calibration store failed."""
+
+    def __init__(self, message: str, *, retriable: bool = False) -> None:
+        super().__init__(message)
+        self.retriable = retriable
+
+
+def _store_error(exc: sqlite3.Error) -> StoreError:
+    busy = isinstance(exc, sqlite3.OperationalError) and any(
+        word in str(exc).lower() for word in ("locked", "busy")
+    )
+    return StoreError(f"calibration store: {exc}", retriable=busy)
+
+
+def _score_column(score: float) -> float | None:
+    if math.isnan(score) or score < 1:
+        raise ValueError(f"a rank score is >= 1 or +inf, not {score!r}")
+    return None if math.isinf(score) else score
+
+
+def _verdict_from_json(text: str) -> Verdict:
+    d = json.loads(text)
+    return Verdict(
+        item_id=str(d["item_id"]),
+        accepted_ranks=tuple(int(r) for r in d.get("accepted_ranks", [])),
+        none_of_these=bool(d.get("none_of_these", False)),
+        correct_answer=d.get("correct_answer"),
+        reviewer=str(d.get("reviewer", "unknown")),
+    )
+
+
+class SqliteStore:
+    """Review items, verdicts and scored records in SQLite. Close with :meth:`aclose`."""
+
+    def __init__(self, path: str | Path, *, clock: Clock | None = None) -> None:
+        self._path = str(path)
+        self._clock = clock or SystemClock()
+        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="relmon-sqlite")
+        self._conn: sqlite3.Connection | None = None
+        try:
+            executor.submit(self._open).result()
+        except (sqlite3.Error, OSError) as exc:
+            executor.shutdown(wait=True)
+            raise ConfigError(f"cannot open the calibration store {self._path}: {exc}") from None
+        except BaseException:
+            executor.shutdown(wait=True)
+            raise
+        self._executor: ThreadPoolExecutor | None = executor
+
+    @classmethod
+    async def open(cls, path: str | Path, *, clock: Clock | None = None) -> SqliteStore:
+        """Open without blocking the event loop (the constructor waits for the disk)."""
+        return await asyncio.to_thread(cls, path, clock=clock)
+
+    # -- worker-thread side -------------------------------------------------------------
+
+    def _open(self) -> None:
+        if self._path != ":memory:":
+            Path(self._path).parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(self._path, isolation_level=None, timeout=30.0)
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=FULL")
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+            found = conn.execute("SELECT max(version) FROM schema_version").fetchone()[0]
+            if found is not None and int(found) > SCHEMA_VERSION:
+                raise ConfigError(
+                    f"the calibration store {self._path} has schema {found}, "
+                    f"newer than this relmon's {SCHEMA_VERSION}"
+                )
+            for statement in _SCHEMA.split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+            if found is None:
+                conn.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.close()
+            raise
+        self._conn = conn
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise StoreError("calibration store is closed")
+        return self._conn
+
+    def _write(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
+        conn = self._connection()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            result = fn(conn)
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+        return result
+
+    async def _run(self, fn: Callable[[], _T]) -> _T:
+        executor = self._executor
+        if executor is None:
+            raise StoreError("calibration store is closed")
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(executor, fn)
+        except sqlite3.Error as exc:
+            raise _store_error(exc) from None
+        except RuntimeError as exc:  # executor shut down while we were queued
+            raise StoreError(f"calibration store is closed ({exc})") from None
+
+    # -- CalibrationStore / ReviewQueue -------------------------------------------------
+
+    async def save_review_item(self, item: ReviewItem) -> None:
+        """Store an item to review. Idempotent: a second item with the same id is ignored
+        (its candidates may differ, and a verdict may already refer to the first)."""
+        body = json.dumps(item.to_json(), allow_nan=False, separators=(",", ":"))
+        created = self._clock.time()
+
+        def insert(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "INSERT OR IGNORE INTO review_items (item_id, model, task, body, created, "
+                "pending) VALUES (?, ?, ?, ?, ?, "
+                "NOT EXISTS (SELECT 1 FROM records WHERE item_id = ?))",
+                (item.item_id, item.model, item.task, body, created, item.item_id),
+            )
+
+        await self._run(lambda: self._write(insert))
+
+    async def submit(self, item: ReviewItem) -> None:
+        """:class:`~monitor.ports.ReviewQueue`: returns once the item is durable."""
+        await self.save_review_item(item)
+
+    async def get_review_item(self, item_id: str) -> ReviewItem | None:
+        def get() -> str | None:
+            row = (
+                self._connection()
+                .execute("SELECT body FROM review_items WHERE item_id = ?", (item_id,))
+                .fetchone()
+            )
+            return None if row is None else str(row[0])
+
+        body = await self._run(get)
+        return None if body is None else ReviewItem.from_json(json.loads(body))
+
+    async def next_pending(self, task: str | None = None) -> ReviewItem | None:
+        """The oldest stored item without a verdict (of ``task``, if given)."""
+
+        def get() -> str | None:
+            conn = self._connection()
+            if task is None:
+                row = conn.execute(
+                    "SELECT body FROM review_items WHERE pending = 1 ORDER BY rowid LIMIT 1"
+                ).fetchone()
+            else:
+                row = conn.execute(
+                    "SELECT body FROM review_items WHERE pending = 1 AND task = ? "
+                    "ORDER BY rowid LIMIT 1",
+                    (task,),
+                ).fetchone()
+            return None if row is None else str(row[0])
+
+        body = await self._run(get)
+        return None if body is None else ReviewItem.from_json(json.loads(body))
+
+    async def depth(self) -> int:
+        """Stored items still waiting for a verdict."""
+        return await self._run(
+            lambda: int(
+                self._connection()
+                .execute("SELECT count(*) FROM review_items WHERE pending = 1")
+                .fetchone()[0]
+            )
+        )
+
+    async def pending_counts(self) -> dict[tuple[str, str], int]:
+        """Items waiting for a verdict per ``(model, task)`` (for the queue-depth gauge)."""
+
+        def get() -> dict[tuple[str, str], int]:
+            rows = (
+                self._connection()
+                .execute(
+                    "SELECT model, task, count(*) FROM review_items WHERE pending = 1 "
+                    "GROUP BY model, task"
+                )
+                .fetchall()
+            )
+            return {(str(m), str(t)): int(n) for m, t, n in rows}
+
+        return await self._run(get)
+
+    async def save_record(self, record: CalibrationRecord, verdict: Verdict) -> bool:
+        """Persist a scored verdict; ``False`` if the item already had one (idempotent).
+
+        ``record.score`` is a rank (>= 1) or ``+inf``; ``+inf`` is stored as NULL.
+        """
+        if verdict.item_id != record.item_id:
+            raise ValueError(f"verdict for {verdict.item_id!r} saved with {record.item_id!r}")
+        score = _score_column(record.score)
+        verdict_json = json.dumps(verdict.to_json(), separators=(",", ":"))
+        applied_at = self._clock.time()
+
+        def insert(conn: sqlite3.Connection) -> bool:
+            cur = conn.execute(
+                "INSERT OR IGNORE INTO records (item_id, model, task, score, "
+                "inclusion_probability, sampled_at, verdict, applied_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    record.item_id,
+                    record.model,
+                    record.task,
+                    score,
+                    record.inclusion_probability,
+                    record.sampled_at,
+                    verdict_json,
+                    applied_at,
+                ),
+            )
+            if cur.rowcount == 0:
+                return False
+            conn.execute("UPDATE review_items SET pending = 0 WHERE item_id = ?", (record.item_id,))
+            return True
+
+        return await self._run(lambda: self._write(insert))
+
+    async def get_verdict(self, item_id: str) -> Verdict | None:
+        """The verdict saved for ``item_id``, if any."""
+
+        def get() -> str | None:
+            row = (
+                self._connection()
+                .execute("SELECT verdict FROM records WHERE item_id = ?", (item_id,))
+                .fetchone()
+            )
+            return None if row is None else str(row[0])
+
+        text = await self._run(get)
+        return None if text is None else _verdict_from_json(text)
+
+    async def load_records(self) -> Sequence[CalibrationRecord]:
+        """Every scored verdict, oldest ``sampled_at`` first (ties in insertion order)."""
+
+        def get() -> list[tuple[Any, ...]]:
+            return (
+                self._connection()
+                .execute(
+                    "SELECT model, task, item_id, score, inclusion_probability, sampled_at "
+                    "FROM records ORDER BY sampled_at, rowid"
+                )
+                .fetchall()
+            )
+
+        rows = await self._run(get)
+        return [
+            CalibrationRecord(
+                model=str(model),
+                task=str(task),
+                item_id=str(item_id),
+                score=math.inf if score is None else float(score),
+                inclusion_probability=float(prob),
+                sampled_at=float(sampled_at),
+            )
+            for model, task, item_id, score, prob, sampled_at in rows
+        ]
+
+    async def aclose(self) -> None:
+        """Close the connection (checkpointing the WAL) and stop the worker thread."""
+        executor = self._executor
+        if executor is None:
+            return
+
+        def close() -> None:
+            conn, self._conn = self._conn, None
+            if conn is not None:
+                conn.close()
+
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(executor, close)
+        except sqlite3.Error as exc:
+            raise _store_error(exc) from None
+        finally:
+            self._executor = None
+            executor.shutdown(wait=True)
+
+
+if TYPE_CHECKING:
+
+    def _implements(store: SqliteStore) -> tuple[CalibrationStore, ReviewQueue]:
+        return store, store  # mypy checks SqliteStore against both protocols here

@@ -1,0 +1,330 @@
+"""``relmon run``: build the service from settings, run it, drain on SIGTERM.
+
+A TaskGroup runs the sources, the workers, the HTTP servers and the periodic metrics
+refresh. ``drain=True`` (arq's burst mode) stops once traffic, work and verdicts have
+been quiet for ``idle_s`` seconds, which makes end-to-end runs deterministic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+from prometheus_client import CollectorRegistry, generate_latest
+
+from adapters.canon_registry import get_async_canonicalizer
+from adapters.http_metrics import MetricsServer
+from adapters.http_review import ReviewServer
+from adapters.http_traffic import TrafficServer
+from adapters.openai_client import OpenAIClient
+from adapters.sqlite_store import SqliteStore
+from monitor.canon import get_canonicalizer
+from monitor.canon.base import Canonicalizer
+from monitor.config import Settings, TaskSettings
+from monitor.errors import ConfigError
+from monitor.metrics import Metrics
+from monitor.ports import CalibrationStore, ReviewQueue
+from monitor.review import verdict_score
+from monitor.service import MonitorService, TaskRuntime
+from monitor.stopping import get_stopping_rule
+
+__all__ = ["Running", "configure_logging", "run_service", "start_service"]
+
+log = structlog.get_logger("relmon")
+
+
+def configure_logging(fmt: str) -> None:
+    """structlog: JSON lines (production) or console (a terminal), on stderr."""
+    renderer: Any = (
+        structlog.processors.JSONRenderer()
+        if fmt == "json"
+        else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+    )
+    structlog.configure(
+        processors=[
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        cache_logger_on_first_use=False,
+    )
+
+
+def _sync_canonicalizer(task: TaskSettings) -> Canonicalizer | None:
+    if task.canonicalizer in {"embedding", "llm"}:
+        return None
+    return get_canonicalizer(task.canonicalizer, **task.canonicalizer_options)
+
+
+def build_task(task: TaskSettings, metrics: Metrics) -> TaskRuntime:
+    endpoint = task.endpoint
+    model = endpoint.model or task.match.model
+    if model is None:
+        raise ConfigError(f"task {task.name!r}: set endpoint.model (or match.model)")
+    calls = metrics.model_calls
+
+    def outcome(name: str) -> None:
+        calls.labels(model, task.name, name).inc()
+
+    client = OpenAIClient(
+        base_url=endpoint.base_url,
+        model=model,
+        api_key=endpoint.api_key.get_secret_value() if endpoint.api_key else None,
+        temperature=endpoint.temperature,
+        max_tokens=endpoint.max_tokens,
+        timeout_s=endpoint.timeout_s,
+        concurrency=endpoint.concurrency,
+        rate_limit_per_s=endpoint.rate_limit_per_s,
+        supports_n=endpoint.supports_n,
+        max_retries=endpoint.max_retries,
+        on_outcome=outcome,
+    )
+    options = dict(task.canonicalizer_options)
+    spec = task.canonicalizer
+    if task.answer_pattern is not None and spec not in {"embedding", "llm"}:
+        options = {"pattern": task.answer_pattern, "then": spec, "then_options": options}
+        spec = "regex"
+    canonicalizer = get_async_canonicalizer(spec, model_client_factory=None, **options)
+    sync = (
+        _sync_canonicalizer(task)
+        if task.answer_pattern is None
+        else get_canonicalizer(spec, **options)
+    )
+    rule = get_stopping_rule(task.stopping_rule, k0=task.k0, k_max=task.k_max, delta=task.delta)
+    return TaskRuntime(task, canonicalizer, rule, client, sync)
+
+
+@dataclass
+class Running:
+    """A started service and everything around it (see :func:`start_service`)."""
+
+    settings: Settings
+    service: MonitorService
+    registry: CollectorRegistry
+    store: CalibrationStore
+    metrics_server: MetricsServer
+    review_server: ReviewServer | None
+    traffic_server: TrafficServer | None
+    sources: list[Any] = field(default_factory=list)
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+
+    def not_ready(self) -> list[str]:
+        reasons = [] if self.service.loaded else ["calibration windows not loaded"]
+        reasons += [f"{type(s).__name__} not connected" for s in self.sources if not s.connected]
+        return reasons
+
+    async def close(self, drain_timeout_s: float) -> bool:
+        if self.traffic_server is not None:
+            await self.traffic_server.stop()
+        for s in self.sources:
+            await s.stop(drain_timeout_s)
+        for t in self.tasks:
+            t.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        drained = await self.service.stop(drain_timeout_s)
+        for closer in reversed(self.closers):
+            with contextlib.suppress(Exception):
+                await closer()
+        return drained
+
+
+async def start_service(settings: Settings, *, review_token: str | None = None) -> Running:
+    """Build and start everything; the caller runs until done and calls ``close``."""
+    if not settings.tasks:
+        raise ConfigError("no tasks configured: add a 'tasks:' list to the config file")
+    registry = CollectorRegistry()
+    k_max = max(t.k_max for t in settings.tasks)
+    metrics = Metrics(registry, k_max=k_max)
+    tasks = [build_task(t, metrics) for t in settings.tasks]
+    closers: list[Callable[[], Awaitable[None]]] = [t.client.aclose for t in tasks]
+    sources: list[Any] = []
+    review_queue: ReviewQueue
+    store: CalibrationStore
+    if settings.review.backend == "kafka":
+        if not settings.kafka.enabled:
+            raise ConfigError("review.backend 'kafka' needs kafka.enabled")
+        from aiokafka import AIOKafkaProducer
+
+        from adapters.kafka_review import KafkaCalibrationStore, KafkaReviewQueue
+
+        by_name = {t.name: t for t in tasks}
+
+        def score(item: Any, verdict: Any) -> float:
+            task = by_name.get(item.task)
+            return verdict_score(item, verdict, task.sync_canonicalizer if task else None)
+
+        store = KafkaCalibrationStore(
+            settings.kafka.bootstrap_servers,
+            settings.kafka.review_topic,
+            settings.kafka.verdict_topic,
+            score,
+        )
+        producer = AIOKafkaProducer(bootstrap_servers=settings.kafka.bootstrap_servers, acks="all")
+        await producer.start()
+        closers.append(producer.stop)
+        review_queue = KafkaReviewQueue(producer, settings.kafka.review_topic)
+    else:
+        settings.state_dir.mkdir(parents=True, exist_ok=True)
+        sqlite = SqliteStore(Path(settings.state_dir) / "relmon.sqlite3")
+        store = review_queue = sqlite
+    closers.append(store.aclose)
+    service = MonitorService(
+        tasks,
+        store=store,
+        review_queue=review_queue,
+        metrics=metrics,
+        budget=settings.budget,
+        seed=settings.seed or 0,
+        log_prompts=settings.log_prompts,
+    )
+    await service.load()
+    service.start()
+    running = Running(settings, service, registry, store, None, None, None, sources, closers)  # type: ignore[arg-type]
+    running.metrics_server = MetricsServer(
+        registry,
+        running.not_ready,
+        host=settings.metrics.host,
+        port=settings.metrics.port,
+        before_scrape=service.publish,
+    )
+    await running.metrics_server.start()
+    closers.append(running.metrics_server.stop)
+    if settings.review.backend == "http":
+        token = review_token or settings.review.resolved_token()
+        if not token:
+            raise ConfigError(
+                "the review API needs a token: set RELMON_REVIEW_TOKEN or review.token_file"
+            )
+        assert isinstance(store, SqliteStore)
+        running.review_server = ReviewServer(
+            store=store,
+            handler=service.apply_verdict,
+            token=token,
+            host=settings.review.host,
+            port=settings.review.port,
+        )
+        await running.review_server.start()
+        closers.append(running.review_server.stop)
+    else:
+        from adapters.kafka_review import KafkaVerdictConsumer
+
+        verdicts = KafkaVerdictConsumer(
+            settings.kafka.bootstrap_servers,
+            settings.kafka.verdict_topic,
+            f"{settings.kafka.group_id}-verdicts",
+            service.apply_verdict,
+            settings.kafka.dead_letter_topic,
+            service.reject,
+        )
+        await verdicts.start()
+        sources.append(verdicts)
+    if settings.traffic.mode != "off":
+        header = settings.traffic.task_header
+        running.traffic_server = TrafficServer(
+            sink=service.offer,
+            reject=service.reject,
+            task_resolver=lambda h, p, b: service.resolve_task_name(h, p, b, header),
+            mode=settings.traffic.mode,
+            host=settings.traffic.host,
+            port=settings.traffic.port,
+            upstream_url=settings.traffic.upstream_url,
+            max_body_bytes=settings.traffic.max_body_bytes,
+        )
+        await running.traffic_server.start()
+    if settings.kafka.enabled:
+        from adapters.kafka_source import KafkaEventSource
+
+        source = KafkaEventSource(
+            settings.kafka.bootstrap_servers,
+            settings.kafka.traffic_topic,
+            settings.kafka.group_id,
+            settings.kafka.dead_letter_topic,
+            service.offer,
+            service.reject,
+        )
+        await source.start()
+        sources.append(source)
+    running.tasks = [
+        asyncio.create_task(s.run(), name=f"relmon-{type(s).__name__}") for s in sources
+    ]
+    log.info(
+        "relmon_started",
+        tasks=[t.name for t in tasks],
+        metrics=f"{settings.metrics.host}:{running.metrics_server.bound_port}",
+        review=settings.review.backend,
+        traffic=settings.traffic.mode,
+        kafka=settings.kafka.enabled,
+    )
+    return running
+
+
+def _activity(service: MonitorService) -> tuple[int, ...]:
+    s = service.stats
+    return (sum(s.by_decision.values()), s.scored, s.abandoned, s.verdicts, service.in_flight)
+
+
+async def _wait_idle(service: MonitorService, idle_s: float, poll_s: float = 0.2) -> None:
+    last, quiet = _activity(service), 0.0
+    while quiet < idle_s:
+        await asyncio.sleep(poll_s)
+        now = _activity(service)
+        quiet = quiet + poll_s if now == last and service.in_flight == 0 else 0.0
+        last = now
+
+
+async def run_service(
+    settings: Settings,
+    *,
+    drain: bool = False,
+    idle_s: float = 3.0,
+    metrics_out: Path | None = None,
+    review_token: str | None = None,
+) -> int:
+    """Run until SIGTERM/SIGINT (or idle, with ``drain``); 0 if drained cleanly."""
+    running = await start_service(settings, review_token=review_token)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+
+    async def refresh() -> None:
+        while True:
+            running.service.publish()
+            await asyncio.sleep(2.0)
+
+    refresher = asyncio.create_task(refresh())
+    try:
+        if drain:
+            idle = asyncio.create_task(_wait_idle(running.service, idle_s))
+            stopped = asyncio.create_task(stop.wait())
+            await asyncio.wait({idle, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            idle.cancel()
+            stopped.cancel()
+        else:
+            await stop.wait()
+        log.info("relmon_stopping", in_flight=running.service.in_flight)
+    finally:
+        refresher.cancel()
+        running.service.publish()
+        if metrics_out is not None:
+            await asyncio.to_thread(metrics_out.write_bytes, generate_latest(running.registry))
+        drained = await running.close(settings.drain_timeout_s)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.remove_signal_handler(sig)
+    log.info("relmon_stopped", drained=drained)
+    return 0 if drained else 1

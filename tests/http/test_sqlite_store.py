@@ -1,0 +1,243 @@
+"""The SQLite calibration store and review queue, on real files in tmp_path.
+
+Round trips, idempotency, ordering, queue depth, reopening, and a process killed with
+SIGKILL right after it was told N records were saved: all N are there afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import math
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from adapters.sqlite_store import SCHEMA_VERSION, SqliteStore, StoreError
+from monitor.errors import ConfigError
+from monitor.ports import CalibrationRecord, CalibrationStore, ReviewQueue
+from monitor.review import ReviewItem, Verdict
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def item(item_id: str, task: str = "qa", model: str = "m1", sampled_at: float = 0.0) -> ReviewItem:
+    return ReviewItem(
+        item_id=item_id,
+        model=model,
+        task=task,
+        query="What is 6*7?",
+        candidates=(("42", 7), ("41", 2), ("INVALID", 1)),
+        k=10,
+        inclusion_probability=0.25,
+        sampled_at=sampled_at,
+    )
+
+
+def record(item_id: str, score: float = 1.0, sampled_at: float = 0.0) -> CalibrationRecord:
+    return CalibrationRecord(
+        model="m1",
+        task="qa",
+        item_id=item_id,
+        score=score,
+        inclusion_probability=0.25,
+        sampled_at=sampled_at,
+    )
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[SqliteStore]:
+    s = await SqliteStore.open(tmp_path / "state" / "relmon.db")
+    try:
+        yield s
+    finally:
+        await s.aclose()
+
+
+async def test_it_is_a_calibration_store_and_a_review_queue(store: SqliteStore) -> None:
+    # The protocols are not runtime-checkable; mypy checks the signatures in the module.
+    for protocol in (CalibrationStore, ReviewQueue):
+        for name in ("save_review_item", "get_review_item", "save_record", "load_records"):
+            if hasattr(protocol, name):
+                assert inspect.iscoroutinefunction(getattr(store, name))
+    assert inspect.iscoroutinefunction(store.submit)
+    assert inspect.iscoroutinefunction(store.depth)
+
+
+async def test_review_items_round_trip(store: SqliteStore) -> None:
+    original = item("a", sampled_at=12.5)
+    await store.submit(original)
+    assert await store.get_review_item("a") == original
+    assert await store.get_review_item("nope") is None
+
+
+async def test_queue_order_depth_and_task_filter(store: SqliteStore) -> None:
+    assert await store.next_pending() is None
+    assert await store.depth() == 0
+    for i, task in enumerate(["qa", "triage", "qa", "triage"]):
+        await store.save_review_item(item(f"i{i}", task=task))
+    await store.save_review_item(item("i0", task="other"))  # a repeat is ignored
+    assert (await store.get_review_item("i0")).task == "qa"  # type: ignore[union-attr]
+    assert await store.depth() == 4
+    assert await store.pending_counts() == {("m1", "qa"): 2, ("m1", "triage"): 2}
+    assert (await store.next_pending()).item_id == "i0"  # type: ignore[union-attr]
+    assert (await store.next_pending("triage")).item_id == "i1"  # type: ignore[union-attr]
+    assert await store.next_pending("nothing") is None
+
+    assert await store.save_record(record("i0"), Verdict("i0", accepted_ranks=(1,)))
+    assert await store.depth() == 3
+    assert (await store.next_pending()).item_id == "i1"  # type: ignore[union-attr]
+    assert (await store.next_pending("qa")).item_id == "i2"  # type: ignore[union-attr]
+
+
+async def test_records_are_idempotent_and_keep_infinity(store: SqliteStore) -> None:
+    await store.submit(item("a"))
+    verdict = Verdict("a", none_of_these=True, correct_answer="43", reviewer="ann")
+    assert await store.save_record(record("a", score=math.inf), verdict) is True
+    again = Verdict("a", accepted_ranks=(1,), reviewer="bob")
+    assert await store.save_record(record("a", score=1.0), again) is False
+    (only,) = await store.load_records()
+    assert only == record("a", score=math.inf)
+    assert await store.get_verdict("a") == verdict  # the first verdict stays
+    assert await store.get_verdict("b") is None
+
+
+async def test_invalid_records_are_refused(store: SqliteStore) -> None:
+    with pytest.raises(ValueError, match="rank score"):
+        await store.save_record(record("a", score=math.nan), Verdict("a", accepted_ranks=(1,)))
+    with pytest.raises(ValueError, match="rank score"):
+        await store.save_record(record("a", score=0.0), Verdict("a", accepted_ranks=(1,)))
+    with pytest.raises(ValueError, match="saved with"):
+        await store.save_record(record("a"), Verdict("b", accepted_ranks=(1,)))
+    assert await store.load_records() == []
+
+
+async def test_records_load_oldest_first_ties_in_insertion_order(store: SqliteStore) -> None:
+    for item_id, at in [("c", 30.0), ("a", 10.0), ("b2", 20.0), ("b1", 20.0)]:
+        await store.save_record(record(item_id, sampled_at=at), Verdict(item_id, (1,)))
+    assert [r.item_id for r in await store.load_records()] == ["a", "b2", "b1", "c"]
+
+
+async def test_an_item_saved_after_its_verdict_is_not_pending(store: SqliteStore) -> None:
+    await store.save_record(record("late"), Verdict("late", accepted_ranks=(2,)))
+    await store.save_review_item(item("late"))
+    assert await store.depth() == 0 and await store.next_pending() is None
+
+
+async def test_everything_survives_closing_and_reopening(tmp_path: Path) -> None:
+    path = tmp_path / "relmon.db"
+    first = SqliteStore(path)
+    await first.submit(item("a"))
+    await first.submit(item("b"))
+    await first.save_record(record("a", score=2.0, sampled_at=5.0), Verdict("a", (2,)))
+    await first.aclose()
+    await first.aclose()  # closing twice is fine
+    with pytest.raises(StoreError, match="closed"):
+        await first.depth()
+
+    second = SqliteStore(path)
+    try:
+        assert await second.get_review_item("a") == item("a")
+        assert await second.depth() == 1
+        assert (await second.next_pending()).item_id == "b"  # type: ignore[union-attr]
+        assert await second.load_records() == [record("a", score=2.0, sampled_at=5.0)]
+        assert await second.get_verdict("a") == Verdict("a", (2,))
+    finally:
+        await second.aclose()
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert conn.execute("SELECT version FROM schema_version").fetchall() == [(SCHEMA_VERSION,)]
+    conn.close()
+
+
+async def test_memory_store_works() -> None:
+    s = SqliteStore(":memory:")
+    try:
+        await s.submit(item("a"))
+        assert await s.depth() == 1
+    finally:
+        await s.aclose()
+
+
+def test_bad_files_and_newer_schemas_are_config_errors(tmp_path: Path) -> None:
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(b"this is not a database" * 100)
+    with pytest.raises(ConfigError, match="cannot open"):
+        SqliteStore(junk)
+    newer = tmp_path / "newer.db"
+    with sqlite3.connect(newer) as conn:
+        conn.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+        conn.execute("INSERT INTO schema_version VALUES (?)", (SCHEMA_VERSION + 1,))
+    conn.close()
+    with pytest.raises(ConfigError, match="newer"):
+        SqliteStore(newer)
+
+
+_WRITER = textwrap.dedent(
+    """
+    import asyncio, sys
+    from adapters.sqlite_store import SqliteStore
+    from monitor.ports import CalibrationRecord
+    from monitor.review import Verdict
+
+    async def main(path):
+        store = SqliteStore(path)
+        i = 0
+        while True:  # until killed
+            rec = CalibrationRecord("m1", "qa", f"r{i}", 1.0 + i % 3, 0.5, float(i))
+            await store.save_record(rec, Verdict(f"r{i}", accepted_ranks=(1,)))
+            print(f"ack {i}", flush=True)
+            i += 1
+
+    asyncio.run(main(sys.argv[1]))
+    """
+)
+
+
+def _write_until_killed(path: Path, wanted: int) -> tuple[int, int, str]:
+    """Run the writer, SIGKILL it once it acknowledged ``wanted`` records."""
+    acked = 0
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _WRITER, str(path)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            assert line.startswith(b"ack ")
+            acked = int(line.split()[1]) + 1
+            if acked >= wanted:
+                break
+        proc.send_signal(signal.SIGKILL)  # most likely in the middle of the next write
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=10)
+        assert proc.stdout is not None and proc.stderr is not None
+        proc.stdout.close()
+        stderr = proc.stderr.read().decode()
+        proc.stderr.close()
+    return acked, proc.returncode, stderr
+
+
+async def test_acknowledged_records_survive_kill_9(tmp_path: Path) -> None:
+    path = tmp_path / "killed.db"
+    acked, returncode, stderr = await asyncio.to_thread(_write_until_killed, path, 200)
+    assert acked == 200, stderr
+    assert returncode == -signal.SIGKILL
+    store = SqliteStore(path)
+    try:
+        ids = {r.item_id for r in await store.load_records()}
+    finally:
+        await store.aclose()
+    assert {f"r{i}" for i in range(acked)} <= ids

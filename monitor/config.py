@@ -190,11 +190,18 @@ class Settings(BaseSettings):
     review: ReviewSettings = ReviewSettings()
     kafka: KafkaSettings = KafkaSettings()
     budget: BudgetSettings = BudgetSettings()
+    review_token: SecretStr | None = None  # RELMON_REVIEW_TOKEN (DESIGN §3)
     state_dir: Path = Path("relmon-state")
     log_format: Literal["json", "console"] = "json"
     log_prompts: bool = False
     drain_timeout_s: float = Field(30.0, gt=0)
     seed: int | None = None
+
+    def resolved_review_token(self) -> str | None:
+        """RELMON_REVIEW_TOKEN, else review.token, else the contents of review.token_file."""
+        if self.review_token is not None and self.review_token.get_secret_value():
+            return self.review_token.get_secret_value()
+        return self.review.resolved_token()
 
     @model_validator(mode="after")
     def _unique_tasks(self) -> Settings:
@@ -259,6 +266,7 @@ def effective_settings(settings: Settings) -> dict[str, Any]:
     """The settings as plain data with every secret masked (for check-config and logs)."""
     data = settings.model_dump(mode="json")
     data["review"]["token"] = "**********" if settings.review.token else None
+    data["review_token"] = "**********" if settings.review_token else None
     for task, raw in zip(data["tasks"], settings.tasks, strict=True):
         task["endpoint"]["api_key"] = "**********" if raw.endpoint.api_key else None
     data["environment_overrides"] = sorted(k for k in os.environ if k.startswith("RELMON_"))

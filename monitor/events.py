@@ -86,6 +86,8 @@ def parse_event(
             obj = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise _reject(f"invalid JSON: {getattr(exc, 'msg', 'not UTF-8')}") from None
+        except RecursionError:
+            raise _reject("invalid JSON: nested too deeply") from None
     else:
         obj = raw
     if not isinstance(obj, dict):

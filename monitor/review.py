@@ -111,7 +111,7 @@ def parse_verdict(obj: Any, *, item_id: str | None = None, max_rank: int | None 
     if isinstance(obj, bytes | str):
         try:
             obj = json.loads(obj)
-        except (json.JSONDecodeError, UnicodeDecodeError):
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
             raise InputError("verdict is not valid JSON") from None
     if not isinstance(obj, dict):
         raise InputError("verdict must be a JSON object")

@@ -252,3 +252,13 @@ async def test_unknown_verdicts_and_invalid_ranks() -> None:
     snap = service.snapshot("sim-1", "arith")
     assert snap.n == 1 and snap.reliability_level == pytest.approx(0.5)  # 1 / (n + 1)
     assert snap.thresholds[0.3] == math.inf  # k = ceil(2 * 0.7) = 2 > n = 1
+
+
+def test_deeply_nested_json_is_a_rejected_event_not_a_crash() -> None:
+    from monitor.errors import InputError
+    from monitor.review import parse_verdict
+
+    with pytest.raises(InputError, match="nested too deeply"):
+        parse_event(b"[" * 100_000)
+    with pytest.raises(InputError, match="not valid JSON"):
+        parse_verdict(b"[" * 100_000)

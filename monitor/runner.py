@@ -156,9 +156,7 @@ async def start_service(settings: Settings, *, review_token: str | None = None) 
     if settings.review.backend == "kafka":
         if not settings.kafka.enabled:
             raise ConfigError("review.backend 'kafka' needs kafka.enabled")
-        from aiokafka import AIOKafkaProducer
-
-        from adapters.kafka_review import KafkaCalibrationStore, KafkaReviewQueue
+        from adapters.kafka_review import KafkaCalibrationStore, KafkaReviewQueue, durable_producer
 
         by_name = {t.name: t for t in tasks}
 
@@ -172,7 +170,7 @@ async def start_service(settings: Settings, *, review_token: str | None = None) 
             settings.kafka.verdict_topic,
             score,
         )
-        producer = AIOKafkaProducer(bootstrap_servers=settings.kafka.bootstrap_servers, acks="all")
+        producer = durable_producer(settings.kafka.bootstrap_servers)
         await producer.start()
         closers.append(producer.stop)
         review_queue = KafkaReviewQueue(producer, settings.kafka.review_topic)
@@ -228,6 +226,7 @@ async def start_service(settings: Settings, *, review_token: str | None = None) 
             service.apply_verdict,
             settings.kafka.dead_letter_topic,
             service.reject,
+            review_queue=review_queue,
         )
         await verdicts.start()
         sources.append(verdicts)
@@ -277,12 +276,18 @@ def _activity(service: MonitorService) -> tuple[int, ...]:
 
 
 async def _wait_idle(service: MonitorService, idle_s: float, poll_s: float = 0.2) -> None:
-    last, quiet = _activity(service), 0.0
-    while quiet < idle_s:
+    """Return once nothing happened for ``idle_s`` after the first activity, or for
+    5 x ``idle_s`` if nothing ever happens (sources may take seconds to join a group)."""
+    start = _activity(service)
+    last, quiet, waited = start, 0.0, 0.0
+    while True:
         await asyncio.sleep(poll_s)
+        waited += poll_s
         now = _activity(service)
         quiet = quiet + poll_s if now == last and service.in_flight == 0 else 0.0
         last = now
+        if quiet >= idle_s and (now != start or waited >= 5 * idle_s):
+            return
 
 
 async def run_service(

@@ -1,0 +1,185 @@
+"""``relmon run --drain`` on Kafka: traffic topic in, review topic out, verdict topic in,
+metrics out; then a restart that rebuilds the window by replaying the topics."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from aiokafka import AIOKafkaProducer
+from prometheus_client.parser import text_string_to_metric_families
+
+from monitor.canon import get_canonicalizer
+from monitor.demo.model import QuestionBank, SimulatedModel, truth_of
+from tests.kafka import free_port, new_topic, produce, read_all, unique
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def config(
+    path: Path, model_url: str, bootstrap: str, *, topics: dict[str, str], group: str, port: int
+) -> None:
+    path.write_text(
+        f"""
+tasks:
+  - name: arithmetic
+    canonicalizer: numeric
+    endpoint: {{base_url: "{model_url}", model: sim-arith-1, concurrency: 4, timeout_s: 5}}
+    k_max: 10
+    sampling_rate: 1.0
+    review_rate: 1.0
+    half_life_s: null
+    alphas: [0.1, 0.2, 0.3]
+metrics: {{port: {port}}}
+traffic: {{mode: "off"}}
+review: {{backend: kafka}}
+kafka:
+  enabled: true
+  bootstrap_servers: "{bootstrap}"
+  traffic_topic: {topics["traffic"]}
+  review_topic: {topics["review"]}
+  verdict_topic: {topics["verdict"]}
+  dead_letter_topic: {topics["dlq"]}
+  group_id: {group}
+log_format: json
+"""
+    )
+
+
+def metrics_of(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+async def run_relmon(cfg: Path, out: Path, idle_s: float, log: Path) -> subprocess.Popen[bytes]:
+    with log.open("ab") as handle:
+        return subprocess.Popen(  # noqa: ASYNC220 - waited for in a thread
+            [
+                sys.executable,
+                "-m",
+                "monitor",
+                "run",
+                "--config",
+                str(cfg),
+                "--drain",
+                "--idle-s",
+                str(idle_s),
+                "--metrics-out",
+                str(out),
+            ],
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            env=dict(os.environ),
+        )
+
+
+async def test_kafka_drain_end_to_end_and_replay_restart(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    topics = {
+        k: await new_topic(kafka_bootstrap, k) for k in ("traffic", "review", "verdict", "dlq")
+    }
+    group = unique("relmon")
+    bank = QuestionBank(size=30, seed=9)
+    model = SimulatedModel(quality=0.8, drift_after_s=None, bank=bank, seed=4)
+    url = await model.start()
+    events = [
+        json.dumps(
+            {
+                "id": f"k{i}",
+                "model": "sim-arith-1",
+                "task": "arithmetic",
+                "request": {"model": "sim-arith-1", "messages": [{"role": "user", "content": q}]},
+            }
+        ).encode()
+        for i, (q, _) in enumerate(bank.questions)
+    ]
+    await produce(
+        kafka_bootstrap, topics["traffic"], [*events[:10], b"{not json", *events[10:], b'{"id": 1}']
+    )
+    cfg, out, log = tmp_path / "relmon.yaml", tmp_path / "m1.prom", tmp_path / "relmon.log"
+    config(cfg, url, kafka_bootstrap, topics=topics, group=group, port=free_port())
+    canon = get_canonicalizer("numeric")
+    scores: dict[str, float] = {}
+    proc = await run_relmon(cfg, out, 8, log)
+    try:
+        # The reviewer: read the review items off the topic, answer on the verdict topic.
+        items = await read_all(kafka_bootstrap, topics["review"], at_least=30, timeout_s=90)
+        assert len(items) == 30, log.read_text()[-3000:]
+        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
+        await producer.start()
+        try:
+            for record in items:
+                item = json.loads(record.value)
+                truth = canon.canonicalize(str(truth_of(item["query"])))
+                ranks = [c["rank"] for c in item["candidates"] if c["answer"] == truth]
+                verdict = {"item_id": item["item_id"], "reviewer": "test"}
+                verdict |= {"accepted_ranks": ranks} if ranks else {"none_of_these": True}
+                scores[item["item_id"]] = float(min(ranks)) if ranks else math.inf
+                await producer.send_and_wait(
+                    topics["verdict"], json.dumps(verdict).encode(), key=item["item_id"].encode()
+                )
+            await producer.send_and_wait(topics["verdict"], b"not a verdict")
+        finally:
+            await producer.stop()
+        assert await asyncio.to_thread(proc.wait, 120) == 0, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    first = metrics_of(out.read_text())
+    labels = (("model", "sim-arith-1"), ("task", "arithmetic"))
+    values = list(scores.values())
+    n = len(values)
+    assert first[("relmon_calibration_items", labels)] == n == 30
+    assert first[("relmon_reliability_level", labels)] == pytest.approx(
+        sum(v <= 1 for v in values) / (n + 1)
+    )
+    for alpha in (0.1, 0.2, 0.3):
+        k = math.ceil(round((n + 1) * (1 - alpha), 9))
+        expected = math.inf if k > n else sorted(values)[k - 1]
+        key = ("relmon_conformal_threshold", tuple(sorted((*labels, ("alpha", f"{alpha:g}")))))
+        assert first[key] == expected
+    assert (
+        first[("relmon_traffic_events_total", (("decision", "sampled"), ("source", "kafka")))] == 30
+    )
+    assert (
+        first[("relmon_traffic_events_total", (("decision", "rejected"), ("source", "kafka")))] == 2
+    )
+    dead = await read_all(kafka_bootstrap, topics["dlq"], at_least=3)
+    assert len(dead) == 3  # two bad events and one bad verdict, none lost
+
+    # Restart: the window is rebuilt by replaying the review and verdict topics.
+    out2 = tmp_path / "m2.prom"
+    proc = await run_relmon(cfg, out2, 2, log)
+    try:
+        assert await asyncio.to_thread(proc.wait, 120) == 0, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        await model.stop()
+    second = metrics_of(out2.read_text())
+    for name in (
+        "relmon_calibration_items",
+        "relmon_reliability_level",
+        "relmon_reliability_lower_bound",
+    ):
+        assert second[(name, labels)] == first[(name, labels)], name
+    for alpha in (0.1, 0.2, 0.3):
+        key = ("relmon_conformal_threshold", tuple(sorted((*labels, ("alpha", f"{alpha:g}")))))
+        assert second[key] == first[key]
+    # Committed offsets: nothing re-processed on restart.
+    assert (
+        "relmon_traffic_events_total",
+        (("decision", "sampled"), ("source", "kafka")),
+    ) not in second

@@ -217,7 +217,7 @@ async def start_service(settings: Settings, *, review_token: str | None = None) 
         await running.review_server.start()
         closers.append(running.review_server.stop)
     else:
-        from adapters.kafka_review import KafkaVerdictConsumer
+        from adapters.kafka_review import KafkaReviewQueue, KafkaVerdictConsumer
 
         verdicts = KafkaVerdictConsumer(
             settings.kafka.bootstrap_servers,
@@ -226,7 +226,7 @@ async def start_service(settings: Settings, *, review_token: str | None = None) 
             service.apply_verdict,
             settings.kafka.dead_letter_topic,
             service.reject,
-            review_queue=review_queue,
+            review_queue=review_queue if isinstance(review_queue, KafkaReviewQueue) else None,
         )
         await verdicts.start()
         sources.append(verdicts)

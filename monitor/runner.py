@@ -67,6 +67,12 @@ def _sync_canonicalizer(task: TaskSettings) -> Canonicalizer | None:
     return get_canonicalizer(task.canonicalizer, **task.canonicalizer_options)
 
 
+def _judge_client(*, endpoint: str, model: str, **options: Any) -> OpenAIClient:
+    """The ``llm`` canonicalizer's judge: deterministic, temperature 0 (paper §3.3)."""
+    options.setdefault("max_tokens", 32)
+    return OpenAIClient(base_url=endpoint, model=model, temperature=0.0, **options)
+
+
 def build_task(task: TaskSettings, metrics: Metrics) -> TaskRuntime:
     endpoint = task.endpoint
     model = endpoint.model or task.match.model
@@ -95,7 +101,7 @@ def build_task(task: TaskSettings, metrics: Metrics) -> TaskRuntime:
     if task.answer_pattern is not None and spec not in {"embedding", "llm"}:
         options = {"pattern": task.answer_pattern, "then": spec, "then_options": options}
         spec = "regex"
-    canonicalizer = get_async_canonicalizer(spec, model_client_factory=None, **options)
+    canonicalizer = get_async_canonicalizer(spec, model_client_factory=_judge_client, **options)
     sync = (
         _sync_canonicalizer(task)
         if task.answer_pattern is None

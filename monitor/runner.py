@@ -119,7 +119,7 @@ class Running:
     service: MonitorService
     registry: CollectorRegistry
     store: CalibrationStore
-    metrics_server: MetricsServer
+    metrics_server: MetricsServer | None
     review_server: ReviewServer | None
     traffic_server: TrafficServer | None
     sources: list[Any] = field(default_factory=list)
@@ -196,16 +196,27 @@ async def start_service(settings: Settings, *, review_token: str | None = None) 
     )
     await service.load()
     service.start()
-    running = Running(settings, service, registry, store, None, None, None, sources, closers)  # type: ignore[arg-type]
-    running.metrics_server = MetricsServer(
+    running = Running(
+        settings=settings,
+        service=service,
+        registry=registry,
+        store=store,
+        metrics_server=None,
+        review_server=None,
+        traffic_server=None,
+        sources=sources,
+        closers=closers,
+    )
+    metrics_server = MetricsServer(
         registry,
         running.not_ready,
         host=settings.metrics.host,
         port=settings.metrics.port,
         before_scrape=service.publish,
     )
-    await running.metrics_server.start()
-    closers.append(running.metrics_server.stop)
+    running.metrics_server = metrics_server
+    await metrics_server.start()
+    closers.append(metrics_server.stop)
     if settings.review.backend == "http":
         token = review_token or settings.resolved_review_token()
         if not token:
@@ -268,7 +279,7 @@ async def start_service(settings: Settings, *, review_token: str | None = None) 
     log.info(
         "relmon_started",
         tasks=[t.name for t in tasks],
-        metrics=f"{settings.metrics.host}:{running.metrics_server.bound_port}",
+        metrics=f"{settings.metrics.host}:{metrics_server.bound_port}",
         review=settings.review.backend,
         traffic=settings.traffic.mode,
         kafka=settings.kafka.enabled,

@@ -43,3 +43,66 @@ async def test_llm_canonicalizer_gets_a_temperature_zero_judge() -> None:
 def test_a_task_needs_a_model() -> None:
     with pytest.raises(ConfigError, match=r"endpoint\.model"):
         build_task(TaskSettings(name="t"), Metrics(CollectorRegistry()))
+
+
+async def test_close_releases_everything_even_when_not_drained(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A stop that times out with an item in flight still closes clients, servers, store."""
+    import asyncio
+
+    import aiohttp
+    from aiohttp import web
+
+    from monitor.config import load_settings
+    from monitor.errors import ModelCallError
+    from monitor.events import parse_event
+    from monitor.runner import start_service
+
+    release = asyncio.Event()
+
+    async def hang(request: web.Request) -> web.Response:
+        await release.wait()
+        return web.json_response({})
+
+    app = web.Application()
+    app.add_routes([web.post("/v1/chat/completions", hang)])
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    settings = load_settings(
+        None,
+        tasks=[
+            {
+                "name": "a",
+                "canonicalizer": "numeric",
+                "sampling_rate": 1.0,
+                "endpoint": {"base_url": f"http://127.0.0.1:{port}/v1", "model": "m"},
+            }
+        ],
+        metrics={"port": 0},
+        review={"port": 0, "token": "abcdefgh"},
+        traffic={"port": 0},
+        state_dir=tmp_path,
+        drain_timeout_s=0.5,
+    )
+    try:
+        running = await start_service(settings)
+        metrics_port = running.metrics_server.bound_port  # type: ignore[union-attr]
+        event = {
+            "id": "x",
+            "model": "m",
+            "task": "a",
+            "request": {"messages": [{"role": "user", "content": "1+1"}]},
+        }
+        assert running.service.offer(parse_event(event), "t").decision == "sampled"
+        await asyncio.sleep(0.3)
+        assert await running.close(0.5) is False  # not drained: the call hangs
+        with pytest.raises(ModelCallError, match="closed"):
+            await running.service.tasks["a"].client.sample(event["request"], 1)  # type: ignore[arg-type]
+        async with aiohttp.ClientSession() as session:
+            with pytest.raises(aiohttp.ClientConnectionError):
+                await session.get(f"http://127.0.0.1:{metrics_port}/healthz")
+    finally:
+        release.set()
+        await runner.cleanup()

@@ -7,6 +7,7 @@ talks to them. Fakes for tests live in ``monitor.testing``.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -42,13 +43,9 @@ class Clock(Protocol):
 
 class SystemClock:
     def time(self) -> float:
-        import time
-
         return time.time()
 
     def monotonic(self) -> float:
-        import time
-
         return time.monotonic()
 
 

@@ -40,6 +40,8 @@ __all__ = ["Running", "configure_logging", "run_service", "start_service"]
 
 log = structlog.get_logger("relmon")
 
+_ASYNC_ONLY = frozenset({"embedding", "llm"})
+
 
 def configure_logging(fmt: str) -> None:
     """structlog: JSON lines (production) or console (a terminal), on stderr."""
@@ -59,12 +61,6 @@ def configure_logging(fmt: str) -> None:
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
         cache_logger_on_first_use=False,
     )
-
-
-def _sync_canonicalizer(task: TaskSettings) -> Canonicalizer | None:
-    if task.canonicalizer in {"embedding", "llm"}:
-        return None
-    return get_canonicalizer(task.canonicalizer, **task.canonicalizer_options)
 
 
 def _judge_client(*, endpoint: str, model: str, **options: Any) -> OpenAIClient:
@@ -98,15 +94,13 @@ def build_task(task: TaskSettings, metrics: Metrics) -> TaskRuntime:
     )
     options = dict(task.canonicalizer_options)
     spec = task.canonicalizer
-    if task.answer_pattern is not None and spec not in {"embedding", "llm"}:
+    if task.answer_pattern is not None and spec not in _ASYNC_ONLY:
         options = {"pattern": task.answer_pattern, "then": spec, "then_options": options}
         spec = "regex"
     canonicalizer = get_async_canonicalizer(spec, model_client_factory=_judge_client, **options)
-    sync = (
-        _sync_canonicalizer(task)
-        if task.answer_pattern is None
-        else get_canonicalizer(spec, **options)
-    )
+    # For verdicts that type the answer instead of picking a rank (sync canonicalizers only).
+    sync: Canonicalizer | None = None if spec in _ASYNC_ONLY else get_canonicalizer(spec, **options)
+
     rule = get_stopping_rule(task.stopping_rule, k0=task.k0, k_max=task.k_max, delta=task.delta)
     return TaskRuntime(task, canonicalizer, rule, client, sync)
 

@@ -118,6 +118,18 @@ class MonitorService:
         if not tasks:
             raise ValueError("at least one task is needed")
         self.tasks = {t.name: t for t in tasks}
+        # The first task with no match condition takes unmatched traffic (computed once:
+        # resolve_task runs for every offered event).
+        self._catch_all = next(
+            (
+                t
+                for t in tasks
+                if t.settings.match.model is None
+                and t.settings.match.header is None
+                and t.settings.match.path_prefix is None
+            ),
+            None,
+        )
         self.store = store
         self.review_queue = review_queue
         self.metrics = metrics
@@ -205,14 +217,7 @@ class MonitorService:
             m = task.settings.match
             if m.model is not None and m.model == event.model:
                 return task
-        catch_all = [
-            t
-            for t in self.tasks.values()
-            if t.settings.match.model is None
-            and t.settings.match.header is None
-            and t.settings.match.path_prefix is None
-        ]
-        return catch_all[0] if catch_all else None
+        return self._catch_all
 
     def resolve_task_name(
         self, headers: Mapping[str, str], path: str, body: Mapping[str, Any], header_name: str

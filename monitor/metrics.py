@@ -4,18 +4,40 @@ Names and labels follow DESIGN §3. No prompt or answer text ever goes into a la
 label values are model names, task names, alphas, sources and fixed enumerations.
 ``relmon_set_size`` observes the set size at the task's target level
 alpha = 1 - reliability_target (one histogram per model and task, as §3 fixes).
+
+Every counter's known label values exist from the start at 0 (:meth:`Metrics.init_task`,
+:meth:`Metrics.init_source`): an alert on a series that does not exist cannot fire.
+No ``*_created`` series are exported.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Final
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
 from monitor.window import WindowSnapshot
 
-__all__ = ["Metrics"]
+__all__ = [
+    "ITEM_OUTCOMES",
+    "TOP_ANSWER_OUTCOMES",
+    "TRAFFIC_DECISIONS",
+    "VERDICT_KINDS",
+    "Metrics",
+]
+
+TRAFFIC_DECISIONS: Final = ("sampled", "skipped", "dropped", "rejected")
+"""``relmon_traffic_events_total{decision}`` values (see :data:`monitor.ports.Decision`)."""
+ITEM_OUTCOMES: Final = ("scored", "abandoned")
+"""``relmon_items_total{outcome}`` values."""
+VERDICT_KINDS: Final = ("accepted", "none", "duplicate", "unknown", "invalid")
+"""``relmon_reviews_total{verdict}`` values."""
+TOP_ANSWER_OUTCOMES: Final = ("accepted", "rejected")
+"""``relmon_top_answers_total{outcome}`` values."""
+
+disable_created_metrics()  # type: ignore[no-untyped-call]
 
 
 def _rank_buckets(k_max: int) -> list[float]:
@@ -109,6 +131,83 @@ class Metrics:
             (*mt, "verdict"),
             registry=registry,
         )
+        # Second round (DESIGN §3): SLI, live self-check, alarm, health.
+        self.top_answers = Counter(
+            "relmon_top_answers",
+            "Reviewed items whose top answer was accepted or rejected, each counted with "
+            "weight 1/pi (inverse review probability): an unbiased SLI of the traffic.",
+            (*mt, "outcome"),
+            registry=registry,
+        )
+        self.coverage_checks = Counter(
+            "relmon_coverage_checks",
+            "Applied verdicts checked against the threshold M*(alpha) in force when the item "
+            "was scored.",
+            (*mt, "alpha"),
+            registry=registry,
+        )
+        self.coverage_misses = Counter(
+            "relmon_coverage_misses",
+            "Applied verdicts whose score exceeded the threshold M*(alpha) in force when the "
+            "item was scored (the served set missed). Realised coverage = 1 - misses/checks.",
+            (*mt, "alpha"),
+            registry=registry,
+        )
+        self.reliability_alarm_evalue = Gauge(
+            "relmon_reliability_alarm_evalue",
+            "E-detector statistic for 'reliability below target' (anytime-valid; the alarm "
+            "fires at 1/alpha_alarm).",
+            mt,
+            registry=registry,
+        )
+        self.reliability_alarm = Gauge(
+            "relmon_reliability_alarm",
+            "1 while the anytime-valid reliability alarm is raised, else 0.",
+            mt,
+            registry=registry,
+        )
+        self.circuit_open = Gauge(
+            "relmon_circuit_open",
+            "1 while the model endpoint's circuit breaker is open (no calls are made), else 0.",
+            mt,
+            registry=registry,
+        )
+        self.budget_utilization = Gauge(
+            "relmon_budget_utilization",
+            "Share of the calls-per-minute budget reserved by admitted items (0..1).",
+            registry=registry,
+        )
+        self.kafka_consumer_lag = Gauge(
+            "relmon_kafka_consumer_lag",
+            "Records behind the log end, per topic and partition.",
+            ("topic", "partition"),
+            registry=registry,
+        )
+
+    def init_task(
+        self, model: str, task: str, alphas: Sequence[float], call_outcomes: Sequence[str] = ()
+    ) -> None:
+        """Create every known label combination of one (model, task) at 0."""
+        for outcome in call_outcomes:
+            self.model_calls.labels(model, task, outcome)
+        for outcome in ITEM_OUTCOMES:
+            self.items.labels(model, task, outcome)
+        for kind in VERDICT_KINDS:
+            self.reviews.labels(model, task, kind)
+        for outcome in TOP_ANSWER_OUTCOMES:
+            self.top_answers.labels(model, task, outcome)
+        for alpha in alphas:
+            self.coverage_checks.labels(model, task, f"{alpha:g}")
+            self.coverage_misses.labels(model, task, f"{alpha:g}")
+        self.review_queue_depth.labels(model, task)
+        self.reliability_alarm_evalue.labels(model, task).set(1.0)
+        self.reliability_alarm.labels(model, task)
+        self.circuit_open.labels(model, task)
+
+    def init_source(self, source: str) -> None:
+        """Create every ``relmon_traffic_events_total`` decision of one source at 0."""
+        for decision in TRAFFIC_DECISIONS:
+            self.traffic_events.labels(source, decision)
 
     def publish(
         self, model: str, task: str, snapshot: WindowSnapshot, alphas: Sequence[float]

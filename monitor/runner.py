@@ -24,7 +24,7 @@ from adapters.canon_registry import get_async_canonicalizer
 from adapters.http_metrics import MetricsServer
 from adapters.http_review import ReviewServer
 from adapters.http_traffic import TrafficServer
-from adapters.openai_client import OpenAIClient
+from adapters.openai_client import OUTCOMES, OpenAIClient
 from adapters.sqlite_store import SqliteStore
 from monitor.canon import get_canonicalizer
 from monitor.canon.base import Canonicalizer
@@ -102,7 +102,7 @@ def build_task(task: TaskSettings, metrics: Metrics) -> TaskRuntime:
     sync: Canonicalizer | None = None if spec in _ASYNC_ONLY else get_canonicalizer(spec, **options)
 
     rule = get_stopping_rule(task.stopping_rule, k0=task.k0, k_max=task.k_max, delta=task.delta)
-    return TaskRuntime(task, canonicalizer, rule, client, sync)
+    return TaskRuntime(task, canonicalizer, rule, client, sync, client_outcomes=OUTCOMES)
 
 
 @dataclass
@@ -242,6 +242,7 @@ async def start_service(settings: Settings, *, review_token: str | None = None) 
         await verdicts.start()
         sources.append(verdicts)
     if settings.traffic.mode != "off":
+        metrics.init_source(settings.traffic.mode)
         header = settings.traffic.task_header
         running.traffic_server = TrafficServer(
             sink=service.offer,
@@ -257,6 +258,7 @@ async def start_service(settings: Settings, *, review_token: str | None = None) 
     if settings.kafka.enabled:
         from adapters.kafka_source import KafkaEventSource
 
+        metrics.init_source("kafka")
         source = KafkaEventSource(
             settings.kafka.bootstrap_servers,
             settings.kafka.traffic_topic,

@@ -60,6 +60,8 @@ class TaskRuntime:
     rule: StoppingRule
     client: ModelClient
     sync_canonicalizer: Canonicalizer | None = None
+    client_outcomes: tuple[str, ...] = ()
+    """Every ``relmon_model_calls_total{outcome}`` value the client reports (pre-created)."""
 
     @property
     def name(self) -> str:
@@ -146,14 +148,21 @@ class MonitorService:
         self._workers: list[asyncio.Task[None]] = []
         self._in_flight = 0
         for t in tasks:
-            self.metrics.reliability_target.labels(self._model(t, None), t.name).set(
-                t.settings.reliability_target
-            )
+            model = self._model(t)
+            self.metrics.init_task(model, t.name, t.alphas, t.client_outcomes)
+            self.metrics.reliability_target.labels(model, t.name).set(t.settings.reliability_target)
 
     # ------------------------------------------------------------------ windows
 
-    def _model(self, task: TaskRuntime, event: TrafficEvent | None) -> str:
-        return task.settings.endpoint.model or (event.model if event else task.name)
+    @staticmethod
+    def _model(task: TaskRuntime) -> str:
+        """The ``model`` label: always the task's configured model, never a request's.
+
+        A client-supplied model name is unbounded (one series per distinct value), so a
+        request is counted under the model of the task it resolved to.
+        """
+        s = task.settings
+        return s.endpoint.model or s.match.model or task.name
 
     def _state(self, model: str, task: TaskRuntime) -> _WindowState:
         key = (model, task.name)
@@ -286,7 +295,7 @@ class MonitorService:
 
     async def _process(self, job: _Job) -> None:
         task, event = job.task, job.event
-        model = self._model(task, event)
+        model = self._model(task)
         started = self.clock.monotonic()
         used = 0
         try:

@@ -262,3 +262,45 @@ def test_deeply_nested_json_is_a_rejected_event_not_a_crash() -> None:
         parse_event(b"[" * 100_000)
     with pytest.raises(InputError, match="not valid JSON"):
         parse_verdict(b"[" * 100_000)
+
+
+def test_every_known_series_exists_at_zero_before_traffic() -> None:
+    service, _, _, registry = make_service(client=FakeModelClient(arithmetic_model(1.0)))
+    labels = {"model": "sim-1", "task": "arith"}
+    for outcome in ("scored", "abandoned"):
+        assert registry.get_sample_value("relmon_items_total", {**labels, "outcome": outcome}) == 0
+    for verdict in ("accepted", "none", "duplicate", "unknown", "invalid"):
+        value = registry.get_sample_value("relmon_reviews_total", {**labels, "verdict": verdict})
+        assert value == 0
+    for outcome in ("accepted", "rejected"):
+        value = registry.get_sample_value(
+            "relmon_top_answers_total", {**labels, "outcome": outcome}
+        )
+        assert value == 0
+    for alpha in service.tasks["arith"].alphas:
+        key = {**labels, "alpha": f"{alpha:g}"}
+        assert registry.get_sample_value("relmon_coverage_checks_total", key) == 0
+        assert registry.get_sample_value("relmon_coverage_misses_total", key) == 0
+    names = {m.name for m in registry.collect() for s in m.samples if s.name.endswith("_created")}
+    assert names == set()
+
+
+async def test_model_label_comes_from_configuration_not_the_request() -> None:
+    """3,000 client model names must not make 3,000 series: the task's model is used."""
+    service, _, _, registry = make_service(client=FakeModelClient(arithmetic_model(1.0)))
+    service.start()
+    for i in range(20):
+        e = parse_event({**event(i), "model": f"client-made-up-{i}"})
+        service.offer(e, "kafka")
+    await service.drain()
+    await service.stop(1.0)
+    models = {
+        s.labels["model"] for m in registry.collect() for s in m.samples if "model" in s.labels
+    }
+    assert models == {"sim-1"}
+    assert (
+        registry.get_sample_value(
+            "relmon_items_total", {"model": "sim-1", "task": "arith", "outcome": "scored"}
+        )
+        == 20
+    )

@@ -187,7 +187,16 @@ class Metrics:
     def init_task(
         self, model: str, task: str, alphas: Sequence[float], call_outcomes: Sequence[str] = ()
     ) -> None:
-        """Create every known label combination of one (model, task) at 0."""
+        """Create every known label combination of one (model, task) at 0.
+
+        An empty window's values: level, bound and items 0, every threshold +Inf (k > n).
+        """
+        self.reliability_level.labels(model, task)
+        self.reliability_lower_bound.labels(model, task)
+        self.calibration_items.labels(model, task)
+        self.calibration_effective_items.labels(model, task)
+        self.set_size.labels(model, task)
+        self.samples_per_item.labels(model, task)
         for outcome in call_outcomes:
             self.model_calls.labels(model, task, outcome)
         for outcome in ITEM_OUTCOMES:
@@ -197,6 +206,7 @@ class Metrics:
         for outcome in TOP_ANSWER_OUTCOMES:
             self.top_answers.labels(model, task, outcome)
         for alpha in alphas:
+            self.conformal_threshold.labels(model, task, f"{alpha:g}").set(math.inf)
             self.coverage_checks.labels(model, task, f"{alpha:g}")
             self.coverage_misses.labels(model, task, f"{alpha:g}")
         self.review_queue_depth.labels(model, task)

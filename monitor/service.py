@@ -147,6 +147,8 @@ class MonitorService:
         self.accepting = True
         self._workers: list[asyncio.Task[None]] = []
         self._in_flight = 0
+        # A verdict for an unknown item has no model or task to be counted under.
+        self.metrics.reviews.labels("", "", "unknown")
         for t in tasks:
             model = self._model(t)
             self.metrics.init_task(model, t.name, t.alphas, t.client_outcomes)
@@ -439,6 +441,12 @@ class MonitorService:
         self.metrics.reviews.labels(
             item.model, item.task, "none" if verdict.none_of_these else "accepted"
         ).inc()
+        # The SLI: was the top-ranked answer acceptable? Weighted 1/pi so that the rate
+        # estimates the share over all traffic even when review is not uniform.
+        top = "accepted" if score <= 1 else "rejected"
+        self.metrics.top_answers.labels(item.model, item.task, top).inc(
+            1.0 / item.inclusion_probability
+        )
         self.stats.verdicts += 1
         state.snapshot = None
         self.metrics.publish(

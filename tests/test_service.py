@@ -297,10 +297,46 @@ async def test_model_label_comes_from_configuration_not_the_request() -> None:
     models = {
         s.labels["model"] for m in registry.collect() for s in m.samples if "model" in s.labels
     }
-    assert models == {"sim-1"}
+    assert models == {"sim-1", ""}  # "": verdicts for unknown items (no model to name)
     assert (
         registry.get_sample_value(
             "relmon_items_total", {"model": "sim-1", "task": "arith", "outcome": "scored"}
         )
         == 20
     )
+
+
+async def test_top_answer_sli_counts_each_verdict_with_weight_one_over_pi() -> None:
+    """relmon_top_answers_total: accepted iff the top-ranked answer was accepted, weight 1/pi."""
+    client = FakeModelClient(arithmetic_model(0.6, seed=3))
+    service, store, _, registry = make_service(client=client, review_rate=0.25)
+    service.start()
+    for i in range(200):
+        service.offer(parse_event(event(i, i, 5)), "test")
+    await service.drain()
+    await service.stop(5)
+    items = store.pending()
+    assert 20 < len(items) < 80  # about a quarter reviewed
+    top_right = 0
+    for item in items:
+        a, b = map(int, re.findall(r"\d+", item.query)[:2])
+        ranks = [i + 1 for i, (c, _) in enumerate(item.candidates) if c == str(a + b)]
+        verdict = (
+            Verdict(item.item_id, tuple(ranks))
+            if ranks
+            else Verdict(item.item_id, none_of_these=True)
+        )
+        top_right += item.candidates[0][0] == str(a + b)
+        assert (await service.apply_verdict(verdict)).status == "applied"
+        # A duplicate verdict is not counted twice.
+        assert (await service.apply_verdict(verdict)).status == "duplicate"
+    labels = {"model": "sim-1", "task": "arith"}
+    accepted = registry.get_sample_value(
+        "relmon_top_answers_total", {**labels, "outcome": "accepted"}
+    )
+    rejected = registry.get_sample_value(
+        "relmon_top_answers_total", {**labels, "outcome": "rejected"}
+    )
+    assert 0 < top_right < len(items)  # both outcomes happen
+    assert accepted == pytest.approx(4.0 * top_right)
+    assert rejected == pytest.approx(4.0 * (len(items) - top_right))

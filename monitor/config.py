@@ -1,14 +1,26 @@
-"""Settings: pydantic-settings from ``RELMON_…`` variables (nested with ``__``) and a
+"""Settings: pydantic-settings from RELMON_... variables (nested with ``__``) and a
 YAML file for the rest, mostly the task list. Read once at start and passed down.
 
-Precedence: environment variables over the YAML file over defaults. Every listener
-binds to 127.0.0.1 unless configured otherwise; secrets are ``SecretStr`` and are
-masked by :func:`effective_settings`.
+Precedence: environment variables over the YAML file over defaults. A task's field is
+set from the environment by its index, ``RELMON_TASKS__0__ENDPOINT__API_KEY``, which
+overrides that one field of the file's first task. Every listener binds to 127.0.0.1
+unless configured otherwise; secrets are ``SecretStr`` and are masked by
+:func:`effective_settings`.
+
+Validation has two stages and one path: :func:`load_settings` parses and checks each
+field; :func:`validate_settings` checks everything else ``relmon run`` depends on
+(canonicalizer names and options, the re-asked model, the review token, Kafka
+consistency, the call budget) and is what both ``relmon check-config`` and the service
+start run, before any port is bound or file created. Every message names the field,
+``tasks[0] (arith).endpoint.base_url: must start with http:// or https://``.
 """
 
 from __future__ import annotations
 
+import copy
 import os
+import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -17,6 +29,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     SecretStr,
     ValidationError,
     field_validator,
@@ -25,7 +38,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from monitor.errors import ConfigError
-from monitor.stopping import available_rules
+from monitor.stopping import available_rules, get_stopping_rule
 
 __all__ = [
     "BudgetSettings",
@@ -37,8 +50,12 @@ __all__ = [
     "Settings",
     "TaskSettings",
     "TrafficSettings",
+    "budget_warnings",
+    "default_state_dir",
     "effective_settings",
+    "fewest_samples",
     "load_settings",
+    "validate_settings",
 ]
 
 DEFAULT_ALPHAS = [0.01, 0.05, 0.10, 0.15, 0.20, 0.25, 0.30]
@@ -48,12 +65,35 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def _http_url(value: str | None) -> str | None:
+    if value is not None and not value.strip().lower().startswith(("http://", "https://")):
+        raise ValueError("must start with http:// or https://")
+    return value.strip() if value is not None else None
+
+
+def _read_secret(path: Path, where: str) -> str:
+    try:
+        text = path.read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot read {path}: {exc.strerror}") from None
+    if not text:
+        raise ConfigError(f"{where}: {path} is empty")
+    return text
+
+
+def default_state_dir() -> Path:
+    """``$XDG_STATE_HOME/relmon``, else ``~/.local/state/relmon`` (the XDG default)."""
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "relmon"
+
+
 class EndpointSettings(_Strict):
     """The OpenAI-compatible endpoint the re-issuer asks again."""
 
     base_url: str = "http://127.0.0.1:8000/v1"
-    model: str | None = None  # default: the model named in the traffic event
+    model: str | None = None  # required unless the task's match.model names it
     api_key: SecretStr | None = None
+    api_key_file: Path | None = None  # e.g. a mounted Kubernetes Secret
     temperature: float = Field(0.7, ge=0, le=2)
     max_tokens: int = Field(256, ge=1)
     timeout_s: float = Field(30.0, gt=0)
@@ -61,6 +101,19 @@ class EndpointSettings(_Strict):
     rate_limit_per_s: float | None = Field(None, gt=0)
     supports_n: bool = False
     max_retries: int = Field(3, ge=0)
+
+    @field_validator("base_url")
+    @classmethod
+    def _base_url_scheme(cls, v: str) -> str:
+        return _http_url(v) or v
+
+    def resolved_api_key(self) -> str | None:
+        """``api_key``, else the contents of ``api_key_file``, else None."""
+        if self.api_key is not None:
+            return self.api_key.get_secret_value()
+        if self.api_key_file is not None:
+            return _read_secret(self.api_key_file, "endpoint.api_key_file")
+        return None
 
 
 class MatchSettings(_Strict):
@@ -88,6 +141,15 @@ class TaskSettings(_Strict):
     reliability_target: float = Field(0.9, gt=0, lt=1)
     window_size: int = Field(2000, ge=1)
     half_life_s: float | None = Field(3600.0, gt=0)
+    expected_events_per_s: float | None = Field(None, ge=0)  # for check-config's budget check
+
+    def canonicalizer_spec(self) -> tuple[str, dict[str, Any]]:
+        """The canonicalizer to build: ``answer_pattern`` wraps a per-answer one in ``regex``."""
+        options = dict(self.canonicalizer_options)
+        spec = self.canonicalizer
+        if self.answer_pattern is not None and spec.strip().lower() not in ("embedding", "llm"):
+            return "regex", {"pattern": self.answer_pattern, "then": spec, "then_options": options}
+        return spec, options
 
     @field_validator("alphas")
     @classmethod
@@ -126,10 +188,20 @@ class TrafficSettings(_Strict):
     task_header: str = "X-Relmon-Task"
     max_body_bytes: int = Field(1_048_576, ge=1024)
 
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _yaml_off(cls, v: Any) -> Any:
+        return "off" if v is False else v  # YAML 1.1 reads a bare `off` as false
+
+    @field_validator("upstream_url")
+    @classmethod
+    def _upstream_scheme(cls, v: str | None) -> str | None:
+        return _http_url(v)
+
     @model_validator(mode="after")
     def _proxy_needs_upstream(self) -> TrafficSettings:
         if self.mode == "proxy" and not self.upstream_url:
-            raise ValueError("traffic.mode 'proxy' needs traffic.upstream_url")
+            raise ValueError("mode 'proxy' needs traffic.upstream_url")
         return self
 
 
@@ -151,13 +223,10 @@ class ReviewSettings(_Strict):
     token_file: Path | None = None
 
     def resolved_token(self) -> str | None:
-        if self.token is not None:
-            return self.token.get_secret_value()
+        if self.token is not None and self.token.get_secret_value().strip():
+            return self.token.get_secret_value().strip()
         if self.token_file is not None:
-            try:
-                return self.token_file.read_text(encoding="utf-8").strip() or None
-            except OSError as exc:
-                raise ConfigError(f"review.token_file {self.token_file}: {exc.strerror}") from None
+            return _read_secret(self.token_file, "review.token_file")
         return None
 
 
@@ -165,6 +234,64 @@ class BudgetSettings(_Strict):
     calls_per_minute: int = Field(600, ge=1)
     max_in_flight: int = Field(8, ge=1)
     queue_size: int = Field(64, ge=1)
+
+
+class _IndexedEnvSource(PydanticBaseSettingsSource):
+    """The environment source, with ``RELMON_TASKS__<i>__...`` applied to the file's tasks.
+
+    pydantic-settings turns those variables into ``{"0": {...}}``, which would replace
+    the task list and fail as "not a valid list"; here each indexed variable overrides
+    one field of task ``i`` of the YAML list (or of ``RELMON_TASKS`` given as JSON).
+    """
+
+    def __init__(
+        self,
+        settings_cls: type[BaseSettings],
+        env: PydanticBaseSettingsSource,
+        data: dict[str, Any],
+    ) -> None:
+        super().__init__(settings_cls)
+        self._env = env
+        self._data = data
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False  # unused: __call__ does the work
+
+    def __call__(self) -> dict[str, Any]:
+        values = dict(self._env())
+        indexed = values.get("tasks")
+        if isinstance(indexed, dict):
+            base = self._data.get("tasks")
+            tasks: list[Any] = copy.deepcopy(base) if isinstance(base, list) else []
+            for key in sorted(indexed, key=lambda k: int(k) if str(k).isdigit() else -1):
+                if not str(key).isdigit():
+                    raise ConfigError(
+                        f"RELMON_TASKS__{key}__...: the part after RELMON_TASKS__ must be "
+                        "a task index (0 for the first task)"
+                    )
+                index = int(key)
+                if index > len(tasks):
+                    raise ConfigError(
+                        f"RELMON_TASKS__{index}__...: there are only {len(tasks)} tasks, so "
+                        f"the next new one is RELMON_TASKS__{len(tasks)}__..."
+                    )
+                if index == len(tasks):
+                    tasks.append({})
+                if not isinstance(tasks[index], dict):
+                    continue  # pydantic reports the bad task itself
+                _deep_merge(tasks[index], indexed[key])
+            values["tasks"] = tasks
+        return values
+
+
+def _deep_merge(target: dict[str, Any], update: Any) -> None:
+    if not isinstance(update, dict):
+        return
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(target.get(key), dict):
+            _deep_merge(target[key], value)
+        else:
+            target[key] = value
 
 
 class _YamlSource(PydanticBaseSettingsSource):
@@ -190,25 +317,19 @@ class Settings(BaseSettings):
     review: ReviewSettings = ReviewSettings()
     kafka: KafkaSettings = KafkaSettings()
     budget: BudgetSettings = BudgetSettings()
-    review_token: SecretStr | None = None  # RELMON_REVIEW_TOKEN (DESIGN §3)
-    state_dir: Path = Path("relmon-state")
+    review_token: SecretStr | None = None  # RELMON_REVIEW_TOKEN
+    state_dir: Path = Field(default_factory=default_state_dir)
     log_format: Literal["json", "console"] = "json"
     log_prompts: bool = False
     drain_timeout_s: float = Field(30.0, gt=0)
     seed: int | None = None
+    _source: str = PrivateAttr("settings")  # where they came from, for messages
 
     def resolved_review_token(self) -> str | None:
         """RELMON_REVIEW_TOKEN, else review.token, else the contents of review.token_file."""
         if self.review_token is not None and self.review_token.get_secret_value():
             return self.review_token.get_secret_value()
         return self.review.resolved_token()
-
-    @model_validator(mode="after")
-    def _unique_tasks(self) -> Settings:
-        names = [t.name for t in self.tasks]
-        if len(names) != len(set(names)):
-            raise ValueError("task names must be unique")
-        return self
 
     @classmethod
     def settings_customise_sources(
@@ -220,23 +341,52 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         data = _YAML_DATA.get(settings_cls, {})
-        return (init_settings, env_settings, _YamlSource(settings_cls, data), file_secret_settings)
+        return (
+            init_settings,
+            _IndexedEnvSource(settings_cls, env_settings, data),
+            _YamlSource(settings_cls, data),
+            file_secret_settings,
+        )
 
 
 _YAML_DATA: dict[type[BaseSettings], dict[str, Any]] = {}
 
 
-def _format_validation(exc: ValidationError, source: str) -> str:
-    first = exc.errors()[0]
-    where = ".".join(str(p) for p in first["loc"]) or "(top level)"
-    more = f" (+{exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-    return f"{source}: {where}: {first['msg']}{more}"
+def _label(index: int, name: object) -> str:
+    return f"tasks[{index}] ({name})" if isinstance(name, str) and name else f"tasks[{index}]"
+
+
+def _task_label(index: int, tasks: Any) -> str:
+    name = None
+    if isinstance(tasks, list) and index < len(tasks) and isinstance(tasks[index], dict):
+        name = tasks[index].get("name")
+    return _label(index, name)
+
+
+def _where(loc: Sequence[int | str], tasks: Any) -> str:
+    parts = list(loc)
+    if len(parts) >= 2 and parts[0] == "tasks" and isinstance(parts[1], int):
+        head, rest = _task_label(parts[1], tasks), parts[2:]
+    else:
+        head, rest = "", parts
+    text = head
+    for p in rest:
+        text += f"[{p}]" if isinstance(p, int) else (f".{p}" if text else str(p))
+    return text or "(top level)"
+
+
+def _format_validation(exc: ValidationError, source: str, tasks: Any) -> str:
+    lines = []
+    for err in exc.errors():
+        msg = re.sub(r"^(Value|Assertion) error, ", "", err["msg"])
+        lines.append(f"{source}: {_where(err['loc'], tasks)}: {msg}")
+    return "\n".join(lines)
 
 
 def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
     """Settings from ``path`` (YAML), the environment and ``overrides``; ConfigError if bad."""
     data: dict[str, Any] = {}
-    source = str(path) if path else "environment"
+    source = str(path) if path else "settings"
     if path is not None:
         try:
             loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -255,11 +405,136 @@ def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
         data = loaded
     _YAML_DATA[Settings] = data
     try:
-        return Settings(**overrides)
+        settings = Settings(**overrides)
+        settings._source = source
+        return settings
     except ValidationError as exc:
-        raise ConfigError(_format_validation(exc, source)) from None
+        tasks = overrides.get("tasks", data.get("tasks"))
+        raise ConfigError(_format_validation(exc, source, tasks)) from None
     finally:
         _YAML_DATA.pop(Settings, None)
+
+
+def fewest_samples(task: TaskSettings) -> int:
+    """The fewest samples an item of this task can use: unanimous answers from the start."""
+    rule = get_stopping_rule(task.stopping_rule, k0=task.k0, k_max=task.k_max, delta=task.delta)
+    for k in range(1, task.k_max + 1):
+        if rule.decide([k]).stop:
+            return k
+    return task.k_max
+
+
+def budget_warnings(settings: Settings) -> list[str]:
+    """Whether the tasks' ``expected_events_per_s`` fit ``budget.calls_per_minute``.
+
+    Monitored items per second = events/s x sampling_rate; each uses between the
+    fewest samples its stopping rule allows (unanimous answers) and k_max calls. The
+    tasks share one budget. Tasks without ``expected_events_per_s`` are not counted.
+    """
+    budget = settings.budget.calls_per_minute
+    low = high = items = 0.0
+    parts = []
+    for i, t in enumerate(settings.tasks):
+        if t.expected_events_per_s is None:
+            continue
+        items_per_min = t.expected_events_per_s * t.sampling_rate * 60.0
+        fewest = fewest_samples(t)
+        items += items_per_min
+        low += items_per_min * fewest
+        high += items_per_min * t.k_max
+        parts.append(
+            f"{_label(i, t.name)}: {t.expected_events_per_s:g} events/s x "
+            f"sampling_rate {t.sampling_rate:g} x {fewest}..{t.k_max} samples"
+        )
+    if not parts:
+        return []
+    need = f"{low:,.0f}..{high:,.0f} calls/min ({'; '.join(parts)})"
+    if low > budget:
+        dropped = 1.0 - budget / low
+        return [
+            f"budget.calls_per_minute: {budget:,} cannot fit the expected traffic, which "
+            f"needs {need}: at least {dropped:.0%} of the sampled events will be dropped; "
+            "raise the budget or lower sampling_rate"
+        ]
+    if high > budget:
+        return [
+            f"budget.calls_per_minute: {budget:,} may not fit the expected traffic, which "
+            f"needs {need}: it fits only if items use at most {budget / items:.1f} samples "
+            "on average; watch relmon_budget_utilization and "
+            'relmon_traffic_events_total{decision="dropped"}'
+        ]
+    return []
+
+
+def validate_settings(settings: Settings, *, review_token: str | None = None) -> list[str]:
+    """Everything ``relmon run`` needs beyond the field checks; returns warnings.
+
+    Raises :class:`ConfigError` listing every problem, one line each, each naming its
+    field. Does no I/O besides reading the secret files it is pointed at; binds no port
+    and creates no file. ``review_token`` is a token given in code (the demo's).
+    """
+    from adapters.canon_registry import check_canonicalizer
+
+    problems: list[str] = []
+    if not settings.tasks:
+        problems.append("tasks: no tasks configured; add a 'tasks:' list to the config file")
+    seen: dict[str, int] = {}
+    for i, t in enumerate(settings.tasks):
+        where = _label(i, t.name)
+        if t.name in seen:
+            problems.append(f"{where}.name: already the name of tasks[{seen[t.name]}]")
+        seen.setdefault(t.name, i)
+        if not (t.endpoint.model or t.match.model):
+            problems.append(
+                f"{where}.endpoint.model: required: the model relmon asks again "
+                "(or name it in match.model)"
+            )
+        if t.endpoint.api_key is not None and t.endpoint.api_key_file is not None:
+            problems.append(
+                f"{where}.endpoint.api_key_file: set either endpoint.api_key "
+                "(or its RELMON_TASKS__<i>__ENDPOINT__API_KEY variable) or api_key_file, not both"
+            )
+        elif t.endpoint.api_key_file is not None:
+            try:
+                t.endpoint.resolved_api_key()
+            except ConfigError as exc:
+                problems.append(f"{where}.{exc}")
+        if t.answer_pattern is not None:
+            try:
+                re.compile(t.answer_pattern)
+            except re.error as exc:
+                problems.append(f"{where}.answer_pattern: not a regular expression: {exc}")
+                continue
+        spec, options = t.canonicalizer_spec()
+        try:
+            check_canonicalizer(spec, options)
+        except ConfigError as exc:
+            field = "canonicalizer" if spec == t.canonicalizer else "answer_pattern"
+            problems.append(f"{where}.{field}: {exc}")
+        if t.k_max > settings.budget.calls_per_minute:
+            problems.append(
+                f"{where}.k_max: {t.k_max} is more than budget.calls_per_minute "
+                f"({settings.budget.calls_per_minute}); an item reserves k_max calls, so "
+                "none could ever be admitted"
+            )
+    if settings.review.backend == "kafka" and not settings.kafka.enabled:
+        problems.append("review.backend: 'kafka' needs kafka.enabled: true")
+    if settings.review.backend == "http":
+        token = review_token
+        if not token:
+            try:
+                token = settings.resolved_review_token()
+            except ConfigError as exc:
+                problems.append(str(exc))
+                token = "(reported)"
+        if not token:
+            problems.append(
+                "review.token: the review API needs a token: set RELMON_REVIEW_TOKEN, "
+                "review.token or review.token_file"
+            )
+    if problems:
+        raise ConfigError("\n".join(f"{settings._source}: {p}" for p in problems))
+    return [f"{settings._source}: {w}" for w in budget_warnings(settings)]
 
 
 def effective_settings(settings: Settings) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from adapters.openai_client import OUTCOMES, OpenAIClient
 from adapters.sqlite_store import SqliteStore
 from monitor.canon import get_canonicalizer
 from monitor.canon.base import Canonicalizer
-from monitor.config import Settings, TaskSettings
+from monitor.config import Settings, TaskSettings, validate_settings
 from monitor.errors import ConfigError
 from monitor.metrics import Metrics
 from monitor.ports import CalibrationStore, ReviewQueue
@@ -72,7 +72,7 @@ def _judge_client(*, endpoint: str, model: str, **options: Any) -> OpenAIClient:
 def build_task(task: TaskSettings, metrics: Metrics) -> TaskRuntime:
     endpoint = task.endpoint
     model = endpoint.model or task.match.model
-    if model is None:
+    if model is None:  # validate_settings reports this first
         raise ConfigError(f"task {task.name!r}: set endpoint.model (or match.model)")
     calls = metrics.model_calls
 
@@ -82,7 +82,7 @@ def build_task(task: TaskSettings, metrics: Metrics) -> TaskRuntime:
     client = OpenAIClient(
         base_url=endpoint.base_url,
         model=model,
-        api_key=endpoint.api_key.get_secret_value() if endpoint.api_key else None,
+        api_key=endpoint.resolved_api_key(),
         temperature=endpoint.temperature,
         max_tokens=endpoint.max_tokens,
         timeout_s=endpoint.timeout_s,
@@ -92,14 +92,11 @@ def build_task(task: TaskSettings, metrics: Metrics) -> TaskRuntime:
         max_retries=endpoint.max_retries,
         on_outcome=outcome,
     )
-    options = dict(task.canonicalizer_options)
-    spec = task.canonicalizer
-    if task.answer_pattern is not None and spec not in _ASYNC_ONLY:
-        options = {"pattern": task.answer_pattern, "then": spec, "then_options": options}
-        spec = "regex"
+    spec, options = task.canonicalizer_spec()
     canonicalizer = get_async_canonicalizer(spec, model_client_factory=_judge_client, **options)
     # For verdicts that type the answer instead of picking a rank (sync canonicalizers only).
-    sync: Canonicalizer | None = None if spec in _ASYNC_ONLY else get_canonicalizer(spec, **options)
+    async_only = spec.strip().lower() in _ASYNC_ONLY
+    sync: Canonicalizer | None = None if async_only else get_canonicalizer(spec, **options)
 
     rule = get_stopping_rule(task.stopping_rule, k0=task.k0, k_max=task.k_max, delta=task.delta)
     return TaskRuntime(task, canonicalizer, rule, client, sync, client_outcomes=OUTCOMES)
@@ -142,9 +139,13 @@ class Running:
 
 
 async def start_service(settings: Settings, *, review_token: str | None = None) -> Running:
-    """Build and start everything; the caller runs until done and calls ``close``."""
-    if not settings.tasks:
-        raise ConfigError("no tasks configured: add a 'tasks:' list to the config file")
+    """Build and start everything; the caller runs until done and calls ``close``.
+
+    The settings are validated first (:func:`~monitor.config.validate_settings`, the
+    same check as ``relmon check-config``), before any port is bound or file created.
+    """
+    for warning in validate_settings(settings, review_token=review_token):
+        log.warning("config_warning", message=warning)
     registry = CollectorRegistry()
     k_max = max(t.k_max for t in settings.tasks)
     metrics = Metrics(registry, k_max=k_max)
@@ -154,8 +155,6 @@ async def start_service(settings: Settings, *, review_token: str | None = None) 
     review_queue: ReviewQueue
     store: CalibrationStore
     if settings.review.backend == "kafka":
-        if not settings.kafka.enabled:
-            raise ConfigError("review.backend 'kafka' needs kafka.enabled")
         from adapters.kafka_review import KafkaCalibrationStore, KafkaReviewQueue, durable_producer
 
         by_name = {t.name: t for t in tasks}
@@ -213,10 +212,8 @@ async def start_service(settings: Settings, *, review_token: str | None = None) 
     closers.append(metrics_server.stop)
     if settings.review.backend == "http":
         token = review_token or settings.resolved_review_token()
-        if not token:
-            raise ConfigError(
-                "the review API needs a token: set RELMON_REVIEW_TOKEN or review.token_file"
-            )
+        if not token:  # validate_settings reports this first
+            raise ConfigError("review.token: the review API needs a token")
         assert isinstance(store, SqliteStore)
         running.review_server = ReviewServer(
             store=store,

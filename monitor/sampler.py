@@ -4,13 +4,16 @@ Sampling is a deterministic hash of (task, event id): the same event is sampled 
 way by every replica and after a restart, and a Kafka replay does not re-sample
 differently. The budget is a token bucket of model calls per minute: an item reserves
 its worst case (K_max calls) when admitted and gets back what it did not use, so the
-budget is never exceeded and admission never waits.
+budget is never exceeded and admission never waits. :meth:`CallBudget.utilization` is
+the share of the per-minute budget in use: calls made in the last minute plus the calls
+held by items still in flight, over ``per_minute``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
+from collections import deque
 
 __all__ = ["CallBudget", "hash_fraction", "redact", "sampled"]
 
@@ -46,6 +49,9 @@ class CallBudget:
         self.tokens = float(per_minute)
         self.rate = per_minute / 60.0
         self._last = now
+        self._held = 0  # reserved by items in flight, not yet settled
+        self._spent: deque[tuple[float, int]] = deque()  # (time, calls) of settled items
+        self._spent_total = 0
 
     def _refill(self, now: float) -> None:
         if now > self._last:
@@ -57,9 +63,31 @@ class CallBudget:
         self._refill(now)
         if self.tokens >= calls:
             self.tokens -= calls
+            self._held += calls
             return True
         return False
 
     def refund(self, calls: int, now: float) -> None:
+        """Give back ``calls`` tokens of a reservation that was never used at all."""
         self._refill(now)
         self.tokens = min(self.capacity, self.tokens + max(0, calls))
+        self._held = max(0, self._held - max(0, calls))
+
+    def settle(self, reserved: int, used: int, now: float) -> None:
+        """An item that reserved ``reserved`` calls is done after ``used``: refund the rest."""
+        used = min(max(0, used), reserved)
+        self.refund(reserved - used, now)
+        self._held = max(0, self._held - used)
+        if used:
+            self._spent.append((now, used))
+            self._spent_total += used
+        self._forget(now)
+
+    def _forget(self, now: float) -> None:
+        while self._spent and self._spent[0][0] <= now - 60.0:
+            self._spent_total -= self._spent.popleft()[1]
+
+    def utilization(self, now: float) -> float:
+        """(calls settled in the last 60 s + calls held in flight) / per_minute, at most 1."""
+        self._forget(now)
+        return min(1.0, (self._spent_total + self._held) / self.capacity)

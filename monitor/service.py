@@ -194,6 +194,7 @@ class MonitorService:
 
     def publish(self) -> None:
         """Refresh every window's gauges (decay moves with time, not only with verdicts)."""
+        self.metrics.budget_utilization.set(self.budget.utilization(self.clock.monotonic()))
         for (model, name), state in self.windows.items():
             snap = self.snapshot(model, name)
             self.metrics.publish(model, name, snap, self.tasks[name].alphas)
@@ -340,7 +341,7 @@ class MonitorService:
                 seconds=round(self.clock.monotonic() - started, 3),
             )
         finally:
-            self.budget.refund(job.reserved - used, self.clock.monotonic())
+            self.budget.settle(job.reserved, used, self.clock.monotonic())
             if not job.done.done():
                 job.done.set_result(None)
 

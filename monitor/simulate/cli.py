@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from monitor.errors import ConfigError
-from monitor.stopping import DEFAULT_RULE
+from monitor.stopping import DEFAULT_RULE, available_rules
 
 __all__ = ["add_simulate_parser"]
 
@@ -223,7 +223,7 @@ def add_simulate_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
     sim: argparse.ArgumentParser = subparsers.add_parser(
         "simulate",
         help="the paper's synthetic experiments (appendix C)",
-        description=__doc__.splitlines()[0] if __doc__ else None,
+        description=__doc__.splitlines()[0].replace("``", "") if __doc__ else None,
     )
     sub = sim.add_subparsers(dest="experiment", required=True, metavar="EXPERIMENT")
 
@@ -260,7 +260,11 @@ def add_simulate_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.add_argument(
         "--delta", type=_open_unit("delta"), default=0.05, help="error level (default 0.05)"
     )
-    p.add_argument("--rule", default=DEFAULT_RULE, help=f"stopping rule ({DEFAULT_RULE})")
+    p.add_argument(
+        "--rule",
+        default=DEFAULT_RULE,
+        help=f"stopping rule: {', '.join(available_rules())} (default {DEFAULT_RULE})",
+    )
     p.add_argument("--point-mass", type=float, help="mixture prior mass at theta=1")
     p.add_argument("--strict", action="store_true", help="allow for K_max - 1 rivals")
     p.add_argument("--trials", type=_positive, help="trials per distribution (5000; grid 20000)")

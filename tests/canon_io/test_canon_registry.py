@@ -53,8 +53,10 @@ async def test_sync_names_are_wrapped() -> None:
 
 
 def test_unknown_names_and_bad_options_are_config_errors() -> None:
-    with pytest.raises(ConfigError, match="unknown name"):
+    with pytest.raises(ConfigError, match="unknown canonicalizer 'nope'") as err:
         get_async_canonicalizer("nope")
+    for name in ("embedding", "json", "llm", "mcq", "numeric", "regex", "text"):
+        assert name in str(err.value)
     with pytest.raises(ConfigError, match="bad options"):
         get_async_canonicalizer("text", shout=True)
     with pytest.raises(ConfigError, match="bad options"):

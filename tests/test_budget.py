@@ -1,0 +1,93 @@
+"""The call budget's utilization: calls settled in the last minute plus calls held, / budget."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
+
+from monitor.events import parse_event
+from monitor.sampler import CallBudget
+from tests.test_service import event, make_service
+
+
+def test_utilization_by_hand() -> None:
+    budget = CallBudget(600, now=0.0)
+    assert budget.utilization(0.0) == 0.0
+    assert budget.try_reserve(20, 0.0)
+    assert budget.utilization(0.0) == pytest.approx(20 / 600)  # held while in flight
+    budget.settle(20, 7, 1.0)
+    assert budget.utilization(1.0) == pytest.approx(7 / 600)  # 13 refunded
+    assert budget.tokens == pytest.approx(min(600, 600 - 20 + 1.0 * 10 + 13))
+    assert budget.try_reserve(20, 30.0)
+    assert budget.utilization(30.0) == pytest.approx(27 / 600)
+    assert budget.utilization(61.5) == pytest.approx(20 / 600)  # the first item is a minute old
+    budget.refund(20, 62.0)  # an admitted item that was never run (queue full)
+    assert budget.utilization(62.0) == 0.0
+
+
+def test_utilization_is_capped_at_one() -> None:
+    budget = CallBudget(30, now=0.0)
+    assert budget.try_reserve(30, 0.0)
+    budget.settle(30, 30, 0.5)
+    assert budget.try_reserve(10, 20.0)  # refilled 10 in 20 s
+    assert budget.utilization(20.0) == 1.0
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.floats(0, 30, allow_nan=False),  # time step
+            st.integers(1, 20),  # reservation
+            st.integers(0, 20),  # calls used
+            st.booleans(),  # settle now (else stays in flight until the end)
+        ),
+        max_size=40,
+    )
+)
+def test_utilization_matches_a_brute_force_recount(
+    steps: list[tuple[float, int, int, bool]],
+) -> None:
+    per_minute = 200
+    budget = CallBudget(per_minute, now=0.0)
+    now = 0.0
+    settled: list[tuple[float, int]] = []
+    held: list[int] = []
+    for step, reserve, asked, settle_now in steps:
+        now += step
+        if not budget.try_reserve(reserve, now):
+            continue
+        if settle_now:
+            used = min(asked, reserve)
+            budget.settle(reserve, used, now)
+            settled.append((now, used))
+        else:
+            held.append(reserve)
+        expected = sum(u for t, u in settled if t > now - 60.0) + sum(held)
+        assert budget.utilization(now) == pytest.approx(min(1.0, expected / per_minute))
+        assert 0.0 <= budget.tokens <= per_minute
+
+
+async def test_service_exports_budget_utilization() -> None:
+    from monitor.config import BudgetSettings
+    from monitor.testing import FakeModelClient
+
+    registry = CollectorRegistry()
+    service, _, _, _ = make_service(
+        client=FakeModelClient(lambda q, i: "5"),
+        budget=BudgetSettings(calls_per_minute=1_000, max_in_flight=1, queue_size=10),
+        registry=registry,
+    )
+    service.publish()
+    assert registry.get_sample_value("relmon_budget_utilization") == 0.0
+    service.start()
+    for i in range(3):
+        service.offer(parse_event(event(i)), "test")
+    await service.drain()
+    await service.stop(1)
+    service.publish()
+    used = service.stats.calls
+    assert used >= 3 * 3  # k0 = 3 samples at least per item
+    assert registry.get_sample_value("relmon_budget_utilization") == pytest.approx(used / 1_000)

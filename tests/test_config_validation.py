@@ -1,0 +1,430 @@
+"""One validation path for check-config and run; every secret path; the budget check; `off`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from monitor.cli import main
+from monitor.config import (
+    budget_warnings,
+    default_state_dir,
+    fewest_samples,
+    load_settings,
+    validate_settings,
+)
+from monitor.errors import ConfigError
+from monitor.metrics import Metrics
+from monitor.runner import build_task, start_service
+
+DOCUMENTED_CANONICALIZERS = ("numeric", "mcq", "text", "json", "regex", "embedding", "llm")
+
+TASK = """
+tasks:
+  - name: arith
+    canonicalizer: {canon}
+    endpoint: {{base_url: "http://127.0.0.1:8000/v1", model: m1}}
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "relmon.yaml") -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+@pytest.fixture(autouse=True)
+def _no_relmon_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key in list(os.environ):
+        if key.upper().startswith("RELMON_"):
+            monkeypatch.delenv(key)
+
+
+# ------------------------------------------------------- invalid configs, one path
+
+INVALID = [
+    pytest.param(
+        TASK.format(canon="numerc") + "review: {token: t0k3n}\n",
+        ["tasks[0] (arith).canonicalizer: unknown canonicalizer 'numerc'; available: "],
+        id="unknown-canonicalizer",
+    ),
+    pytest.param(
+        "tasks: [{name: arith, canonicalizer: numeric, canonicalizer_options: {percent: x}}]\n"
+        "review: {token: t0k3n}\n",
+        ["tasks[0] (arith).canonicalizer: ", "percent"],
+        id="bad-canonicalizer-option",
+    ),
+    pytest.param(
+        "tasks: [{name: arith, endpoint: {base_url: 'http://127.0.0.1:8000/v1'}}]\n"
+        "review: {token: t0k3n}\n",
+        ["tasks[0] (arith).endpoint.model: required"],
+        id="missing-model",
+    ),
+    pytest.param(
+        "tasks: [{name: arith, endpoint: {base_url: '127.0.0.1:8000/v1', model: m}}]\n",
+        ["tasks[0] (arith).endpoint.base_url: must start with http:// or https://"],
+        id="base-url-without-scheme",
+    ),
+    pytest.param(
+        TASK.format(canon="numeric"),
+        ["review.token: the review API needs a token: set RELMON_REVIEW_TOKEN"],
+        id="missing-review-token",
+    ),
+    pytest.param(
+        TASK.format(canon="numeric") + "review: {backend: kafka}\n",
+        ["review.backend: 'kafka' needs kafka.enabled: true"],
+        id="kafka-review-without-kafka",
+    ),
+    pytest.param(
+        TASK.format(canon="numeric") + "review: {token_file: /no/such/token}\n",
+        ["review.token_file: cannot read /no/such/token"],
+        id="unreadable-token-file",
+    ),
+    pytest.param(
+        "tasks: [{name: arith, endpoint: {model: m, api_key_file: /no/such/key}}]\n"
+        "review: {token: t0k3n}\n",
+        ["tasks[0] (arith).endpoint.api_key_file: cannot read /no/such/key"],
+        id="unreadable-api-key-file",
+    ),
+    pytest.param(
+        "tasks: [{name: arith, answer_pattern: 'Answer: (', endpoint: {model: m}}]\n"
+        "review: {token: t0k3n}\n",
+        ["tasks[0] (arith).answer_pattern: not a regular expression"],
+        id="bad-answer-pattern",
+    ),
+    pytest.param(
+        "tasks: [{name: a, endpoint: {model: m}}, {name: a, endpoint: {model: m}}]\n"
+        "review: {token: t0k3n}\n",
+        ["tasks[1] (a).name: already the name of tasks[0]"],
+        id="duplicate-task",
+    ),
+    pytest.param(
+        "tasks: [{name: arith, k_max: 40, endpoint: {model: m}}]\n"
+        "budget: {calls_per_minute: 30}\nreview: {token: t0k3n}\n",
+        ["tasks[0] (arith).k_max: 40 is more than budget.calls_per_minute (30)"],
+        id="k-max-above-budget",
+    ),
+    pytest.param(
+        "tasks: [{name: arith, canonicalizer: nope}]\nreview: {backend: kafka}\n",
+        [
+            "tasks[0] (arith).endpoint.model: required",
+            "tasks[0] (arith).canonicalizer: unknown canonicalizer 'nope'",
+            "review.backend: 'kafka' needs kafka.enabled: true",
+        ],
+        id="every-problem-at-once",
+    ),
+    pytest.param("review: {token: t0k3n}\n", ["tasks: no tasks configured"], id="no-tasks"),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), INVALID)
+def test_check_config_names_the_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, expected: list[str]
+) -> None:
+    path = write(tmp_path, text)
+    assert main(["check-config", "--config", str(path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.splitlines()
+    assert all(line.startswith(f"relmon: error: {path}: ") for line in lines), lines
+    for part in expected:
+        assert any(part in line for line in lines), (part, lines)
+    assert "Traceback" not in captured.err
+    if "unknown canonicalizer" in expected[0]:
+        for name in DOCUMENTED_CANONICALIZERS:
+            assert name in captured.err, name
+
+
+@pytest.mark.parametrize(("text", "expected"), INVALID)
+def test_run_rejects_exactly_what_check_config_rejects_before_binding_or_writing(
+    tmp_path: Path, text: str, expected: list[str]
+) -> None:
+    """`relmon run` (a real process) fails with the same lines, binds nothing, writes nothing."""
+    state = tmp_path / "state"
+    path = write(tmp_path, text + f"state_dir: {json.dumps(str(state))}\n")
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("RELMON_")}
+    # A port that is taken: binding it would be an OSError, not the config message.
+    with TakenPort() as port:
+        env["RELMON_METRICS__PORT"] = str(port)
+        run = subprocess.run(
+            [sys.executable, "-m", "monitor", "run", "--config", str(path)],
+            check=False,
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
+        check = subprocess.run(
+            [sys.executable, "-m", "monitor", "check-config", "--config", str(path)],
+            check=False,
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
+    assert run.returncode == 2, run.stderr
+    assert check.returncode == 2, check.stderr
+    assert run.stderr.splitlines() == check.stderr.splitlines()
+    for part in expected:
+        assert part in run.stderr
+    assert not state.exists()
+
+
+class TakenPort:
+    def __enter__(self) -> int:
+        import socket
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen()
+        return int(self.sock.getsockname()[1])
+
+    def __exit__(self, *exc: object) -> None:
+        self.sock.close()
+
+
+def test_off_mode_is_accepted_from_yaml_and_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    text = TASK.format(canon="numeric") + "traffic: {mode: off}\n"
+    assert load_settings(write(tmp_path, text)).traffic.mode == "off"
+    monkeypatch.setenv("RELMON_TRAFFIC__MODE", "off")
+    assert load_settings(write(tmp_path, TASK.format(canon="numeric"))).traffic.mode == "off"
+    monkeypatch.setenv("RELMON_TRAFFIC__MODE", "offf")
+    with pytest.raises(ConfigError, match=r"traffic\.mode: Input should be 'mirror', 'proxy'"):
+        load_settings(write(tmp_path, TASK.format(canon="numeric")))
+
+
+async def test_off_mode_starts_no_traffic_listener(tmp_path: Path) -> None:
+    settings = _service_settings(tmp_path, model_url="http://127.0.0.1:9/v1", traffic="off")
+    running = await start_service(settings, review_token="t0k3n-abc")
+    try:
+        assert running.traffic_server is None
+        assert running.metrics_server is not None and running.metrics_server.bound_port
+    finally:
+        await running.close(1)
+
+
+def test_state_dir_default_is_absolute_and_documented(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", "/var/tmp/xdg")
+    assert default_state_dir() == Path("/var/tmp/xdg/relmon")
+    assert load_settings(None).state_dir == Path("/var/tmp/xdg/relmon")
+    monkeypatch.delenv("XDG_STATE_HOME")
+    assert default_state_dir() == Path.home() / ".local" / "state" / "relmon"
+    assert default_state_dir().is_absolute()
+
+
+# ------------------------------------------------------------------------ secrets
+
+
+class _KeyEndpoint:
+    """A real OpenAI-style endpoint that records the Authorization header it receives."""
+
+    def __init__(self) -> None:
+        self.auth: list[str | None] = []
+        self.url = ""
+
+    async def handle(self, request: web.Request) -> web.Response:
+        self.auth.append(request.headers.get("Authorization"))
+        return web.json_response({"choices": [{"message": {"content": "42"}}]})
+
+
+@pytest.fixture
+async def key_endpoint() -> AsyncIterator[_KeyEndpoint]:
+    ep = _KeyEndpoint()
+    app = web.Application()
+    app.add_routes([web.post("/v1/chat/completions", ep.handle)])
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    ep.url = f"http://127.0.0.1:{port}/v1"
+    yield ep
+    await runner.cleanup()
+
+
+async def _key_seen(settings_path: Path, ep: _KeyEndpoint) -> str | None:
+    settings = load_settings(settings_path)
+    validate_settings(settings)
+    task = build_task(settings.tasks[0], Metrics(CollectorRegistry()))
+    try:
+        await task.client.sample({"messages": [{"role": "user", "content": "6*7"}]}, 1)
+    finally:
+        await task.client.aclose()
+    return ep.auth[-1]
+
+
+async def test_api_key_from_the_documented_environment_variable(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    key_endpoint: _KeyEndpoint,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    base = f"tasks:\n  - name: arith\n    endpoint: {{base_url: {key_endpoint.url}, model: m}}\n"
+    monkeypatch.setenv("RELMON_REVIEW_TOKEN", "t0k3n")
+    monkeypatch.setenv("RELMON_TASKS__0__ENDPOINT__API_KEY", "sk-from-env")
+    # without api_key in the file, and overriding one that is there
+    for extra in ("", "    canonicalizer: numeric\n"):
+        path = write(tmp_path, base + extra)
+        assert await _key_seen(path, key_endpoint) == "Bearer sk-from-env"
+        settings = load_settings(path)
+        assert settings.tasks[0].name == "arith" and settings.tasks[0].endpoint.model == "m"
+    with_key = base.replace("model: m}", "model: m, api_key: sk-from-file}")
+    assert await _key_seen(write(tmp_path, with_key), key_endpoint) == "Bearer sk-from-env"
+    assert main(["check-config", "--config", str(write(tmp_path, with_key))]) == 0
+    out = capsys.readouterr().out
+    assert "sk-from-env" not in out
+    doc = json.loads(out)
+    assert doc["tasks"][0]["endpoint"]["api_key"] == "**********"
+    assert "RELMON_TASKS__0__ENDPOINT__API_KEY" in doc["environment_overrides"]
+    # a second task added purely from the environment, and a gap that is refused
+    monkeypatch.setenv("RELMON_TASKS__1__NAME", "second")
+    monkeypatch.setenv("RELMON_TASKS__1__ENDPOINT__MODEL", "m2")
+    assert [t.name for t in load_settings(write(tmp_path, base)).tasks] == ["arith", "second"]
+    monkeypatch.setenv("RELMON_TASKS__3__NAME", "gap")
+    with pytest.raises(ConfigError, match=r"RELMON_TASKS__3__.*only 2 tasks"):
+        load_settings(write(tmp_path, base))
+
+
+async def test_api_key_in_the_file_and_from_api_key_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, key_endpoint: _KeyEndpoint
+) -> None:
+    monkeypatch.setenv("RELMON_REVIEW_TOKEN", "t0k3n")
+    endpoint = f"base_url: {key_endpoint.url}, model: m"
+    inline = f"tasks: [{{name: a, endpoint: {{{endpoint}, api_key: sk-inline}}}}]\n"
+    assert await _key_seen(write(tmp_path, inline), key_endpoint) == "Bearer sk-inline"
+    secret = tmp_path / "secret" / "api-key"
+    secret.parent.mkdir()
+    secret.write_text("sk-mounted\n")  # a Kubernetes Secret ends with a newline
+    mounted = f"tasks: [{{name: a, endpoint: {{{endpoint}, api_key_file: {secret}}}}}]\n"
+    assert await _key_seen(write(tmp_path, mounted), key_endpoint) == "Bearer sk-mounted"
+    both = mounted.replace("api_key_file", "api_key: sk-x, api_key_file")
+    with pytest.raises(ConfigError, match=r"tasks\[0\] \(a\)\.endpoint\.api_key_file: set either"):
+        validate_settings(load_settings(write(tmp_path, both)))
+
+
+def _service_settings(
+    tmp_path: Path, *, model_url: str, traffic: str = "off", **review: Any
+) -> Any:
+    return load_settings(
+        None,
+        tasks=[{"name": "a", "endpoint": {"base_url": model_url, "model": "m"}}],
+        metrics={"port": 0},
+        review={"port": 0, **review},
+        traffic={"port": 0, "mode": traffic},
+        state_dir=tmp_path / "state",
+    )
+
+
+async def _review_status(running: Any, token: str) -> int:
+    port = running.review_server.bound_port
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(
+            f"http://127.0.0.1:{port}/api/reviews/next",
+            headers={"Authorization": f"Bearer {token}"},
+        ) as resp,
+    ):
+        return resp.status
+
+
+@pytest.mark.parametrize("how", ["environment", "review.token", "review.token_file"])
+async def test_review_token_from_each_documented_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    token = f"secret-via-{how.replace('.', '-')}"
+    review: dict[str, Any] = {}
+    if how == "environment":
+        monkeypatch.setenv("RELMON_REVIEW_TOKEN", token)
+    elif how == "review.token":
+        review["token"] = token
+    else:
+        f = tmp_path / "token"
+        f.write_text(token + "\n")
+        review["token_file"] = str(f)
+    settings = _service_settings(tmp_path, model_url="http://127.0.0.1:9/v1", **review)
+    assert validate_settings(settings) == []
+    running = await start_service(settings)
+    try:
+        assert await _review_status(running, token) in (200, 204)
+        assert await _review_status(running, "wrong-token") == 401
+    finally:
+        await running.close(1)
+
+
+async def test_missing_token_fails_before_any_port_or_file(tmp_path: Path) -> None:
+    settings = _service_settings(tmp_path, model_url="http://127.0.0.1:9/v1")
+    with pytest.raises(ConfigError, match=r"review\.token: the review API needs a token"):
+        await asyncio.wait_for(start_service(settings), 30)
+    assert not (tmp_path / "state").exists()
+
+
+# ------------------------------------------------------------------------- budget
+
+
+def test_fewest_samples_matches_the_mixture_e_value_by_hand() -> None:
+    """Unanimous n answers, uniform prior on [1/2, 1]: E = (2^(n+1) - 1) / (n + 1)."""
+    for delta in (0.05, 0.01, 0.2):
+        expected = next(n for n in range(1, 100) if (2 ** (n + 1) - 1) / (n + 1) >= 1 / delta)
+        task = load_settings(None, tasks=[{"name": "t", "delta": delta, "k0": 1}]).tasks[0]
+        assert fewest_samples(task) == expected
+    assert fewest_samples(load_settings(None, tasks=[{"name": "t"}]).tasks[0]) == 7
+    fixed = load_settings(None, tasks=[{"name": "t", "stopping_rule": "fixed", "k_max": 12}])
+    assert fewest_samples(fixed.tasks[0]) == 12
+
+
+@pytest.mark.parametrize(
+    ("events", "rate", "budget", "verdict"),
+    [
+        (3.0, 1.0, 600, "cannot fit"),  # 3 items/s x >= 7 samples = 1,260/min > 600
+        (3.0, 1.0, 2_000, "may not fit"),  # 1,260..3,600/min around 2,000
+        (3.0, 1.0, 3_600, None),  # even k_max = 20 for every item fits
+        (3.0, 0.01, 600, None),
+        (None, 1.0, 600, None),  # no traffic assumption, nothing to check
+    ],
+)
+def test_budget_warning_from_expected_traffic(
+    events: float | None, rate: float, budget: int, verdict: str | None
+) -> None:
+    settings = load_settings(
+        None,
+        tasks=[{"name": "t", "sampling_rate": rate, "expected_events_per_s": events}],
+        budget={"calls_per_minute": budget},
+    )
+    warnings = budget_warnings(settings)
+    if verdict is None:
+        assert warnings == []
+        return
+    assert len(warnings) == 1 and verdict in warnings[0], warnings
+    items_per_min = events * rate * 60  # type: ignore[operator]
+    assert f"{items_per_min * 7:,.0f}..{items_per_min * 20:,.0f} calls/min" in warnings[0]
+    if verdict == "cannot fit":
+        assert f"{1 - budget / (items_per_min * 7):.0%} of the sampled events" in warnings[0]
+    else:
+        assert f"at most {budget / items_per_min:.1f} samples" in warnings[0]
+
+
+def test_check_config_prints_the_budget_warning_and_succeeds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = (
+        "tasks: [{name: t, endpoint: {model: m}, sampling_rate: 1.0, expected_events_per_s: 3}]\n"
+        "budget: {calls_per_minute: 600}\nreview: {token: t0k3n}\n"
+    )
+    assert main(["check-config", "--config", str(write(tmp_path, text))]) == 0
+    captured = capsys.readouterr()
+    json.loads(captured.out)
+    assert captured.err.startswith("relmon: warning: ")
+    assert "budget.calls_per_minute: 600 cannot fit" in captured.err

@@ -153,6 +153,13 @@ class Metrics:
             (*mt, "alpha"),
             registry=registry,
         )
+        self.coverage_target = Gauge(
+            "relmon_coverage_target",
+            "The promised coverage 1 - alpha of the conformal set at level alpha (a constant "
+            "per alpha, so that rules and dashboards can compare realised coverage with it).",
+            (*mt, "alpha"),
+            registry=registry,
+        )
         self.reliability_alarm_evalue = Gauge(
             "relmon_reliability_alarm_evalue",
             "E-detector statistic for 'reliability below target' (anytime-valid; the alarm "
@@ -207,6 +214,7 @@ class Metrics:
             self.top_answers.labels(model, task, outcome)
         for alpha in alphas:
             self.conformal_threshold.labels(model, task, f"{alpha:g}").set(math.inf)
+            self.coverage_target.labels(model, task, f"{alpha:g}").set(1.0 - alpha)
             self.coverage_checks.labels(model, task, f"{alpha:g}")
             self.coverage_misses.labels(model, task, f"{alpha:g}")
         self.review_queue_depth.labels(model, task)

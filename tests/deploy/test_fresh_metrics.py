@@ -83,6 +83,7 @@ async def test_fresh_run_serves_every_series_at_zero(tmp_path: Path) -> None:
         assert value("relmon_coverage_checks_total", alpha=alpha) == 0
         assert value("relmon_coverage_misses_total", alpha=alpha) == 0
         assert value("relmon_conformal_threshold", alpha=alpha) == math.inf  # k > n = 0
+        assert value("relmon_coverage_target", alpha=alpha) == pytest.approx(1 - float(alpha))
     for gauge in (
         "relmon_reliability_level",
         "relmon_reliability_lower_bound",
@@ -100,6 +101,6 @@ async def test_fresh_run_serves_every_series_at_zero(tmp_path: Path) -> None:
     assert value("relmon_set_size_bucket", le="+Inf") == 0
     # Nothing else is non-zero.
     special = {"relmon_conformal_threshold", "relmon_reliability_alarm_evalue"}
-    special |= {"relmon_reliability_target"}
+    special |= {"relmon_reliability_target", "relmon_coverage_target"}
     others = {k: v for k, v in samples.items() if k[0] not in special}
     assert all(v == 0 for v in others.values()), {k: v for k, v in others.items() if v != 0}

@@ -100,6 +100,20 @@ class Metrics:
             buckets=_rank_buckets(k_max),
             registry=registry,
         )
+        self.max_samples_per_item = Gauge(
+            "relmon_max_samples_per_item",
+            "K_max: the most model samples one item may use (the cost per item without "
+            "sequential stopping).",
+            mt,
+            registry=registry,
+        )
+        self.item_duration = Histogram(
+            "relmon_item_duration_seconds",
+            "Wall time to re-ask the model and score one item (all of its model calls).",
+            mt,
+            buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0),
+            registry=registry,
+        )
         self.model_calls = Counter(
             "relmon_model_calls",
             "Calls to the model endpoint by outcome.",
@@ -204,6 +218,7 @@ class Metrics:
         self.calibration_effective_items.labels(model, task)
         self.set_size.labels(model, task)
         self.samples_per_item.labels(model, task)
+        self.item_duration.labels(model, task)
         for outcome in call_outcomes:
             self.model_calls.labels(model, task, outcome)
         for outcome in ITEM_OUTCOMES:

@@ -153,6 +153,7 @@ class MonitorService:
             model = self._model(t)
             self.metrics.init_task(model, t.name, t.alphas, t.client_outcomes)
             self.metrics.reliability_target.labels(model, t.name).set(t.settings.reliability_target)
+            self.metrics.max_samples_per_item.labels(model, t.name).set(t.settings.k_max)
 
     # ------------------------------------------------------------------ windows
 
@@ -320,6 +321,9 @@ class MonitorService:
             self.metrics.samples_per_item.labels(model, task.name).observe(consensus.k)
             self.metrics.set_size.labels(model, task.name).observe(sizes[task.target_alpha])
             self.metrics.items.labels(model, task.name, "scored").inc()
+            self.metrics.item_duration.labels(model, task.name).observe(
+                self.clock.monotonic() - started
+            )
             self.stats.scored += 1
             if reviewed:
                 await self._route_to_review(job, model, consensus)

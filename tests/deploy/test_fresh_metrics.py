@@ -94,13 +94,16 @@ async def test_fresh_run_serves_every_series_at_zero(tmp_path: Path) -> None:
         "relmon_circuit_open",
         "relmon_set_size_count",
         "relmon_samples_per_item_count",
+        "relmon_item_duration_seconds_count",
     ):
         assert value(gauge) == 0, gauge
     assert value("relmon_reliability_alarm_evalue") == 1.0  # the e-detector starts at 1
     assert value("relmon_reliability_target") == 0.9
+    assert value("relmon_max_samples_per_item") == 10  # write_config's k_max
     assert value("relmon_set_size_bucket", le="+Inf") == 0
     # Nothing else is non-zero.
     special = {"relmon_conformal_threshold", "relmon_reliability_alarm_evalue"}
     special |= {"relmon_reliability_target", "relmon_coverage_target"}
+    special |= {"relmon_max_samples_per_item"}
     others = {k: v for k, v in samples.items() if k[0] not in special}
     assert all(v == 0 for v in others.values()), {k: v for k, v in others.items() if v != 0}

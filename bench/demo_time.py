@@ -7,11 +7,14 @@ seconds from the start of the clone. Then stop the demo (its whole process group
 delete the directory. Nothing outside the temporary directory is touched; the venv is
 the clone's own.
 
-Modes: ``cold`` gives pip an empty cache (``PIP_CACHE_DIR`` in the temporary directory:
-every wheel is downloaded), ``warm`` uses pip's usual cache. The demo listens on free
-ports (``make demo DEMO_ARGS=...``) so it cannot collide with another process on 9108.
+Modes: ``cold`` gives pip an empty cache (a new ``PIP_CACHE_DIR``: every wheel is
+downloaded); ``warm`` runs again from a new clone with the cache the cold run filled
+(``--mode warm`` alone: pip's usual cache). pip's configuration files and ``PIP_*``
+variables are ignored unless ``--local-pip-config`` is given, so wheels come from PyPI as
+for a new user, not from a local wheelhouse. The demo listens on free ports
+(``make demo DEMO_ARGS=...``) so it cannot collide with another process on 9108.
 
-    python3 bench/demo_time.py                      # both modes, this checkout's HEAD
+    python3 bench/demo_time.py                      # cold then warm, this checkout's HEAD
     python3 bench/demo_time.py --mode warm --repo https://example.org/relmon.git
 
 This is a measurement, not a test: the numbers depend on the network and the machine.
@@ -80,15 +83,29 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
             continue
 
 
-def measure(repo: str, ref: str | None, mode: str, timeout_s: float, python: str) -> Result:
+def measure(
+    repo: str,
+    ref: str | None,
+    mode: str,
+    timeout_s: float,
+    python: str,
+    *,
+    cache_dir: Path | None,
+    local_pip_config: bool,
+) -> Result:
     result = Result(mode=mode)
     with tempfile.TemporaryDirectory(prefix=f"relmon-demo-time-{mode}-") as tmp:
         root = Path(tmp)
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("RELMON_", "PIP_"))}
+        env = dict(os.environ)
+        for key in list(env):
+            if key.startswith("RELMON_") or (key.startswith("PIP_") and not local_pip_config):
+                del env[key]
         env.pop("VIRTUAL_ENV", None)
         env.pop("PYTHONPATH", None)
-        if mode == "cold":
-            env["PIP_CACHE_DIR"] = str(root / "pip-cache")
+        if not local_pip_config:
+            env["PIP_CONFIG_FILE"] = os.devnull  # no site wheelhouse or extra index
+        if cache_dir is not None:
+            env["PIP_CACHE_DIR"] = str(cache_dir)
         start = time.monotonic()
         subprocess.run(["git", "clone", "--quiet", repo, str(root / "relmon")], check=True, env=env)
         if ref:
@@ -166,11 +183,27 @@ def main() -> int:
     parser.add_argument("--mode", choices=["cold", "warm", "both"], default="both")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per run (600)")
     parser.add_argument("--python", default=shutil.which("python3.11") or "python3")
+    parser.add_argument(
+        "--local-pip-config", action="store_true", help="keep this machine's pip configuration"
+    )
     parser.add_argument("--json", action="store_true", help="print JSON")
     args = parser.parse_args()
     repo = args.repo or _git_toplevel()
-    modes = ["cold", "warm"] if args.mode == "both" else [args.mode]
-    results = [measure(repo, args.ref, m, args.timeout, args.python) for m in modes]
+    results = []
+    with tempfile.TemporaryDirectory(prefix="relmon-demo-time-pip-cache-") as cache:
+        for mode in ["cold", "warm"] if args.mode == "both" else [args.mode]:
+            fresh = mode == "cold" or args.mode == "both"
+            results.append(
+                measure(
+                    repo,
+                    args.ref,
+                    mode,
+                    args.timeout,
+                    args.python,
+                    cache_dir=Path(cache) if fresh else None,
+                    local_pip_config=args.local_pip_config,
+                )
+            )
     if args.json:
         print(json.dumps([asdict(r) for r in results], indent=2))
     else:

@@ -22,7 +22,7 @@ from monitor.metrics import Metrics
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # Owned and landed separately (deployment files): links into them are not checked here.
-EXTERNAL_DIRS = ("deploy/", "helm/")
+EXTERNAL_DIRS = ("helm/",)
 FRAGMENT_BASE = {"tasks": [{"name": "example", "endpoint": {"model": "m"}}]}
 SECRET_FILE_KEYS = {"api_key_file", "token_file"}
 

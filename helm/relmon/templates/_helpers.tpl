@@ -1,0 +1,198 @@
+{{/*
+Names. Kubernetes names are at most 63 characters: every name is truncated.
+*/}}
+{{- define "relmon.name" -}}
+{{- default "relmon" .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "relmon.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := include "relmon.name" . }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "relmon.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "relmon.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "relmon.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "relmon.labels" -}}
+helm.sh/chart: {{ include "relmon.chart" . }}
+{{ include "relmon.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: relmon
+{{- end }}
+
+{{- define "relmon.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "relmon.fullname" .) .Values.serviceAccount.name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "relmon.secretName" -}}
+{{- if .Values.secret.existingSecret }}
+{{- .Values.secret.existingSecret }}
+{{- else }}
+{{- include "relmon.fullname" . }}
+{{- end }}
+{{- end }}
+
+{{- define "relmon.hasSecret" -}}
+{{- if or .Values.secret.existingSecret .Values.secret.create }}true{{ end }}
+{{- end }}
+
+{{/*
+Checks that cannot be expressed in values.schema.json alone (also enforced there where
+possible): SQLite is single-writer, so more than one replica needs the Kafka backend.
+*/}}
+{{- define "relmon.validate" -}}
+{{- if and (eq .Values.review.backend "http") (gt (int .Values.replicaCount) 1) }}
+{{- fail "replicaCount > 1 needs review.backend: kafka (the HTTP review backend keeps its state in SQLite, which has a single writer)" }}
+{{- end }}
+{{- if and .Values.keda.enabled (eq .Values.review.backend "http") }}
+{{- fail "keda.enabled scales replicas and needs review.backend: kafka" }}
+{{- end }}
+{{- if and .Values.keda.enabled (not .Values.kafka.enabled) }}
+{{- fail "keda.enabled scales on Kafka consumer lag and needs kafka.enabled: true" }}
+{{- end }}
+{{- if and (eq .Values.review.backend "kafka") (not .Values.kafka.enabled) }}
+{{- fail "review.backend: kafka needs kafka.enabled: true" }}
+{{- end }}
+{{- if and (eq .Values.traffic.mode "proxy") (not .Values.traffic.upstreamUrl) }}
+{{- fail "traffic.mode: proxy needs traffic.upstreamUrl" }}
+{{- end }}
+{{- if and (eq .Values.review.backend "http") (not .Values.secret.create) (not .Values.secret.existingSecret) }}
+{{- fail "the HTTP review backend needs a token file: keep secret.create or set secret.existingSecret" }}
+{{- end }}
+{{- if and (eq .Values.mode "standalone") (eq .Values.traffic.mode "off") (not .Values.kafka.enabled) }}
+{{- fail "standalone relmon needs a traffic source: traffic.mode mirror/proxy or kafka.enabled" }}
+{{- end }}
+{{- end }}
+
+{{/*
+relmon.yaml: the user's config with the chart-managed keys set from the values.
+*/}}
+{{- define "relmon.configFile" -}}
+{{- $cfg := deepCopy .Values.config }}
+{{- $_ := set $cfg "metrics" (dict "host" .Values.listenHost "port" (int .Values.ports.metrics)) }}
+{{- $review := dict "backend" .Values.review.backend "host" .Values.listenHost "port" (int .Values.ports.review) }}
+{{- if and (eq .Values.review.backend "http") (include "relmon.hasSecret" .) }}
+{{- $_ := set $review "token_file" "/etc/relmon/secrets/review-token" }}
+{{- end }}
+{{- $_ := set $cfg "review" $review }}
+{{- $traffic := dict "mode" .Values.traffic.mode "host" .Values.listenHost "port" (int .Values.ports.traffic) }}
+{{- if .Values.traffic.upstreamUrl }}
+{{- $_ := set $traffic "upstream_url" .Values.traffic.upstreamUrl }}
+{{- end }}
+{{- $_ := set $cfg "traffic" $traffic }}
+{{- $k := .Values.kafka }}
+{{- $_ := set $cfg "kafka" (dict "enabled" $k.enabled "bootstrap_servers" $k.bootstrapServers "traffic_topic" $k.trafficTopic "dead_letter_topic" $k.deadLetterTopic "group_id" $k.groupId "review_topic" $k.reviewTopic "verdict_topic" $k.verdictTopic) }}
+{{- $_ := set $cfg "state_dir" "/var/lib/relmon" }}
+{{- $_ := set $cfg "log_format" "json" }}
+{{- $_ := set $cfg "drain_timeout_s" (int .Values.drainTimeoutSeconds) }}
+{{- toYaml $cfg }}
+{{- end }}
+
+{{/*
+The relmon container. Used by the standalone Deployment, and by application charts as
+a sidecar:  {{ include "relmon.sidecar" .Subcharts.relmon | nindent 8 }}
+(with relmon as a dependency of the application chart, mode: sidecar), next to
+{{ include "relmon.sidecar.volumes" .Subcharts.relmon | nindent 8 }} in its volumes.
+*/}}
+{{- define "relmon.sidecar" -}}
+- name: relmon
+  image: "{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}"
+  imagePullPolicy: {{ .Values.image.pullPolicy }}
+  args: ["run", "--config", "/etc/relmon/relmon.yaml"]
+  ports:
+    - name: relmon-metrics
+      containerPort: {{ .Values.ports.metrics }}
+      protocol: TCP
+    - name: relmon-review
+      containerPort: {{ .Values.ports.review }}
+      protocol: TCP
+    {{- if ne .Values.traffic.mode "off" }}
+    - name: relmon-traffic
+      containerPort: {{ .Values.ports.traffic }}
+      protocol: TCP
+    {{- end }}
+  {{- with .Values.extraEnv }}
+  env:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  startupProbe:
+    httpGet:
+      path: /healthz
+      port: relmon-metrics
+    periodSeconds: 2
+    failureThreshold: {{ div (int .Values.probes.startupTimeoutSeconds) 2 }}
+  livenessProbe:
+    httpGet:
+      path: /healthz
+      port: relmon-metrics
+    periodSeconds: {{ .Values.probes.livenessPeriodSeconds }}
+    timeoutSeconds: 5
+    failureThreshold: 3
+  readinessProbe:
+    httpGet:
+      path: /readyz
+      port: relmon-metrics
+    periodSeconds: {{ .Values.probes.readinessPeriodSeconds }}
+    timeoutSeconds: 5
+    failureThreshold: 3
+  resources:
+    {{- toYaml .Values.resources | nindent 4 }}
+  securityContext:
+    {{- toYaml .Values.securityContext | nindent 4 }}
+  volumeMounts:
+    - name: relmon-config
+      mountPath: /etc/relmon/relmon.yaml
+      subPath: relmon.yaml
+      readOnly: true
+    {{- if include "relmon.hasSecret" . }}
+    - name: relmon-secrets
+      mountPath: /etc/relmon/secrets
+      readOnly: true
+    {{- end }}
+    - name: relmon-state
+      mountPath: /var/lib/relmon
+    - name: relmon-tmp
+      mountPath: /tmp
+{{- end }}
+
+{{- define "relmon.sidecar.volumes" -}}
+- name: relmon-config
+  configMap:
+    name: {{ include "relmon.fullname" . }}
+{{- if include "relmon.hasSecret" . }}
+- name: relmon-secrets
+  secret:
+    secretName: {{ include "relmon.secretName" . }}
+    defaultMode: 0440
+{{- end }}
+- name: relmon-state
+{{- if and .Values.persistence.enabled (eq .Values.mode "standalone") }}
+  persistentVolumeClaim:
+    claimName: {{ .Values.persistence.existingClaim | default (printf "%s-state" (include "relmon.fullname" .)) }}
+{{- else }}
+  emptyDir: {}
+{{- end }}
+- name: relmon-tmp
+  emptyDir:
+    medium: Memory
+    sizeLimit: 64Mi
+{{- end }}

@@ -1,0 +1,288 @@
+"""The Helm chart, with the real Helm engine (helm-python-sdk) and kubernetes-validate:
+lint (strict) and render of every ci/ scenario, every manifest validated against the
+Kubernetes 1.30 schemas, schema violations rejected, the sidecar template used from an
+application chart, and the PrometheusRule / dashboard generated from deploy/ (no drift)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import helm_python
+import kubernetes_validate
+import pytest
+import yaml
+
+from monitor.config import load_settings
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "helm" / "relmon"
+SCENARIOS = sorted((CHART / "ci").glob("*-values.yaml"))
+K8S = "1.30"
+CRDS = {"ServiceMonitor", "PrometheusRule", "ScaledObject"}
+
+
+def values_of(path: Path | None) -> dict[str, Any]:
+    return {} if path is None else dict(yaml.safe_load(path.read_text()))
+
+
+def render(values: dict[str, Any], name: str = "rel", chart: Path = CHART) -> list[dict[str, Any]]:
+    out = helm_python.Chart.load(chart).render(values, name=name, namespace="llm")
+    docs = []
+    for path, text in out.items():
+        if path.endswith("NOTES.txt"):
+            continue
+        docs.extend(d for d in yaml.safe_load_all(text) if d)
+    return docs
+
+
+def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+ALL = [None, *SCENARIOS]
+IDS = ["defaults", *(p.name.removesuffix("-values.yaml") for p in SCENARIOS)]
+
+
+def test_the_ci_scenarios_exist() -> None:
+    names = {p.name for p in SCENARIOS}
+    assert {
+        "standalone-kafka-values.yaml",
+        "sidecar-values.yaml",
+        "metrics-off-values.yaml",
+        "existing-secret-values.yaml",
+    } <= names
+
+
+@pytest.mark.parametrize("scenario", ALL, ids=IDS)
+def test_lint_strict_has_no_findings(scenario: Path | None) -> None:
+    report = helm_python.lint(CHART, values_of(scenario), strict=True, kube_version="v1.30.0")
+    assert report["errors"] == [] and report["messages"] == [], report
+
+
+@pytest.mark.parametrize("scenario", ALL, ids=IDS)
+def test_every_rendered_manifest_is_valid_kubernetes(scenario: Path | None, tmp_path: Path) -> None:
+    docs = render(values_of(scenario))
+    assert docs
+    for doc in docs:
+        if doc["kind"] in CRDS:
+            continue  # no schema in kubernetes-validate; checked below
+        kubernetes_validate.validate(doc, K8S, strict=True)
+    for rule in by_kind(docs, "PrometheusRule"):
+        path = tmp_path / "rule.yml"
+        path.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
+        result = subprocess.run(
+            ["promtool", "check", "rules", str(path)],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
+    for monitor in by_kind(docs, "ServiceMonitor"):
+        assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+        assert monitor["spec"]["jobLabel"] == "app.kubernetes.io/part-of"
+        assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+        service = by_kind(docs, "Service")[0]
+        assert service["metadata"]["labels"]["app.kubernetes.io/part-of"] == "relmon"
+        selector = monitor["spec"]["selector"]["matchLabels"]
+        assert selector.items() <= service["metadata"]["labels"].items()
+    for scaled in by_kind(docs, "ScaledObject"):
+        assert scaled["apiVersion"] == "keda.sh/v1alpha1"
+        trigger = scaled["spec"]["triggers"][0]
+        assert trigger["type"] == "prometheus"
+        assert "relmon_kafka_consumer_lag" in trigger["metadata"]["query"]
+        deployment = by_kind(docs, "Deployment")[0]
+        assert scaled["spec"]["scaleTargetRef"]["name"] == deployment["metadata"]["name"]
+        assert "replicas" not in deployment["spec"]  # KEDA owns the replica count
+
+
+@pytest.mark.parametrize("scenario", ALL, ids=IDS)
+def test_the_rendered_relmon_config_is_accepted_by_relmon(
+    scenario: Path | None, tmp_path: Path
+) -> None:
+    config = by_kind(render(values_of(scenario)), "ConfigMap")[0]["data"]["relmon.yaml"]
+    path = tmp_path / "relmon.yaml"
+    path.write_text(config)
+    settings = load_settings(path)
+    assert settings.metrics.port == 9108 and str(settings.state_dir) == "/var/lib/relmon"
+    if settings.review.backend == "http":
+        assert str(settings.review.token_file) == "/etc/relmon/secrets/review-token"
+
+
+def test_standalone_pod_is_locked_down_and_probed() -> None:
+    docs = render(values_of(CHART / "ci" / "standalone-mirror-values.yaml"))
+    (deployment,) = by_kind(docs, "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["automountServiceAccountToken"] is False
+    (container,) = pod["containers"]
+    sc = container["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"]["drop"] == ["ALL"]
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["resources"]["requests"] and container["resources"]["limits"]
+    assert container["args"] == ["run", "--config", "/etc/relmon/relmon.yaml"]
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    assert mounts["/etc/relmon/secrets"]["readOnly"] is True  # secrets as files
+    assert "env" not in container  # nothing secret in the environment
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    pvc = by_kind(docs, "PersistentVolumeClaim")[0]
+    assert volumes["relmon-state"]["persistentVolumeClaim"]["claimName"] == pvc["metadata"]["name"]
+    assert deployment["spec"]["strategy"]["type"] == "Recreate"  # SQLite: one writer
+    assert by_kind(docs, "PodDisruptionBudget") and by_kind(docs, "NetworkPolicy")
+
+
+def test_existing_secret_is_mounted_and_no_secret_is_created() -> None:
+    docs = render(values_of(CHART / "ci" / "existing-secret-values.yaml"))
+    assert by_kind(docs, "Secret") == []
+    pod = by_kind(docs, "Deployment")[0]["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["relmon-secrets"]["secret"]["secretName"] == "relmon-credentials"
+
+
+def test_metrics_off_renders_no_monitoring_objects() -> None:
+    kinds = {d["kind"] for d in render(values_of(CHART / "ci" / "metrics-off-values.yaml"))}
+    assert kinds.isdisjoint({"ServiceMonitor", "PrometheusRule"})
+    assert "ConfigMap" in kinds
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"replicaCount": 2}, "replicaCount"),
+        ({"replicaCount": 2, "review": {"backend": "http"}}, "replicaCount"),
+        ({"keda": {"enabled": True}, "kafka": {"enabled": True}}, "enabled"),
+        ({"review": {"backend": "kafka"}}, "enabled"),
+        ({"unknownKey": 1}, "unknownKey"),
+        ({"mode": "daemonset"}, "mode"),
+        ({"ports": {"metrics": 0, "review": 9109, "traffic": 9110}}, "metrics"),
+        ({"config": {"tasks": []}}, "tasks"),
+        ({"config": {"tasks": [{"name": "a"}], "metrics": {"port": 1}}}, "config"),
+        ({"metrics": {"serviceMonitor": {"interval": "often"}}}, "interval"),
+    ],
+)
+def test_schema_violations_are_rejected(values: dict[str, Any], message: str) -> None:
+    chart = helm_python.Chart.load(CHART)
+    with pytest.raises(helm_python.HelmValuesError, match=message):
+        chart.validate_schema(values)
+    with pytest.raises(helm_python.HelmValuesError):
+        chart.render(values, name="rel", namespace="llm")
+
+
+def test_the_template_refuses_several_sqlite_writers_even_without_the_schema(
+    tmp_path: Path,
+) -> None:
+    chart = tmp_path / "relmon"
+    shutil.copytree(CHART, chart)
+    (chart / "values.schema.json").unlink()
+    with pytest.raises(helm_python.HelmRenderError, match="single writer"):
+        render({"replicaCount": 3}, chart=chart)
+    with pytest.raises(helm_python.HelmRenderError, match=r"needs review\.backend: kafka"):
+        render({"keda": {"enabled": True}, "kafka": {"enabled": True}}, chart=chart)
+    assert by_kind(render({"replicaCount": 1}, chart=chart), "Deployment")
+
+
+def test_names_are_truncated_to_63_characters() -> None:
+    docs = render({}, name="a-very-long-release-name-that-goes-on-and-on-past-the-dns-limit")
+    for doc in docs:
+        assert len(doc["metadata"]["name"]) <= 63, doc["metadata"]["name"]
+
+
+FREEFORM = {"config", "resources", "podSecurityContext", "securityContext"}
+"""Keys whose contents are examples of a Kubernetes or relmon structure, not chart keys."""
+
+
+def test_values_yaml_comments_every_key() -> None:
+    """Every chart key has a comment line right above it."""
+    lines = (CHART / "values.yaml").read_text().splitlines()
+    stack: list[tuple[int, str]] = []
+    checked = 0
+    for i, line in enumerate(lines):
+        match = re.match(r"^(\s*)([A-Za-z][\w-]*):", line)
+        if not match:
+            continue
+        indent = len(match.group(1))
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        inside_freeform = any(key in FREEFORM for _, key in stack)
+        stack.append((indent, match.group(2)))
+        if inside_freeform:
+            continue
+        checked += 1
+        assert lines[i - 1].strip().startswith("#"), f"values.yaml line {i + 1}: {line}"
+    assert checked > 60
+
+
+# ---------------------------------------------------- generated from deploy/ (no drift)
+
+
+@pytest.mark.parametrize("name", ["relmon-recording.rules.yml", "relmon-alerts.rules.yml"])
+def test_chart_rule_files_are_byte_equal_to_deploy_prometheus(name: str) -> None:
+    chart_copy = CHART / "files" / "prometheus" / name
+    assert chart_copy.read_bytes() == (ROOT / "deploy" / "prometheus" / name).read_bytes()
+
+
+def test_chart_dashboard_is_byte_equal_to_deploy_grafana() -> None:
+    chart_copy = CHART / "files" / "grafana" / "relmon.json"
+    assert chart_copy.read_bytes() == (ROOT / "deploy" / "grafana" / "relmon.json").read_bytes()
+
+
+def test_prometheus_rule_holds_exactly_the_deploy_rules() -> None:
+    base = "https://wiki.internal/relmon/RUNBOOK.md"
+    values = {"metrics": {"prometheusRule": {"enabled": True, "runbookBaseUrl": base}}}
+    (rule,) = by_kind(render(values), "PrometheusRule")
+    expected = []
+    for name in ("relmon-recording.rules.yml", "relmon-alerts.rules.yml"):
+        text = (ROOT / "deploy" / "prometheus" / name).read_text()
+        text = text.replace("https://relmon.example/deploy/RUNBOOK.md", base)
+        expected.extend(yaml.safe_load(text)["groups"])
+    assert rule["spec"]["groups"] == expected
+    dashboard = by_kind(render({"metrics": {"dashboard": {"enabled": True}}}), "ConfigMap")
+    (dash,) = [d for d in dashboard if d["metadata"]["name"].endswith("-dashboard")]
+    assert dash["metadata"]["labels"]["grafana_dashboard"] == "1"
+    board = json.loads(dash["data"]["relmon.json"])
+    assert board == json.loads((ROOT / "deploy" / "grafana" / "relmon.json").read_text())
+
+
+# ------------------------------------------------------------------------- sidecar
+
+
+def test_sidecar_template_adds_relmon_to_an_application_pod(tmp_path: Path) -> None:
+    """An application chart with relmon as a dependency includes "relmon.sidecar"."""
+    app = tmp_path / "app"
+    (app / "templates").mkdir(parents=True)
+    shutil.copytree(CHART, app / "charts" / "relmon")
+    (app / "Chart.yaml").write_text(
+        "apiVersion: v2\nname: app\nversion: 1.0.0\n"
+        "dependencies:\n  - name: relmon\n    version: 0.1.0\n"
+    )
+    snippet = (ROOT / "deploy" / "helm" / "sidecar-values.yaml").read_text()
+    (app / "values.yaml").write_text(snippet)
+    (app / "templates" / "deployment.yaml").write_text(
+        (ROOT / "deploy" / "helm" / "app-deployment.yaml").read_text()
+    )
+    docs = render({}, chart=app)
+    (deployment,) = by_kind(docs, "Deployment")
+    kubernetes_validate.validate(deployment, K8S, strict=True)
+    pod = deployment["spec"]["template"]["spec"]
+    names = [c["name"] for c in pod["containers"]]
+    assert names == ["app", "relmon"]
+    relmon = pod["containers"][1]
+    assert relmon["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    volumes = {v["name"] for v in pod["volumes"]}
+    mounts = {m["name"] for m in relmon["volumeMounts"]}
+    assert mounts <= volumes
+    config = by_kind(docs, "ConfigMap")[0]
+    assert {v["configMap"]["name"] for v in pod["volumes"] if "configMap" in v} == {
+        config["metadata"]["name"]
+    }
+    for doc in docs:
+        if doc["kind"] not in CRDS:
+            kubernetes_validate.validate(doc, K8S, strict=True)

@@ -14,7 +14,19 @@ Schema (version :data:`SCHEMA_VERSION`)::
             score REAL  -- the rank score; NULL means +inf (no accepted candidate)
             inclusion_probability REAL, sampled_at REAL, verdict TEXT (Verdict JSON),
             applied_at REAL)
+    leases(item_id TEXT PRIMARY KEY, holder TEXT, expires REAL)
+    held_verdicts(item_id TEXT PRIMARY KEY, verdict TEXT (Verdict JSON), held_at REAL,
+                  due REAL, claimed INTEGER (1 once the flusher has taken it))
     schema_version(version INTEGER)
+
+Leases (:meth:`lease_next`) keep two reviewers from being handed the same item at the
+same time: an item leased to another holder and not yet expired is skipped. Held
+verdicts (:meth:`hold_verdict`) are the review page's undo window: a verdict waits
+there until it is due, can be withdrawn (:meth:`undo_held`) until the flusher claims it
+(:meth:`claim_due`), and is then applied like any verdict and dropped
+(:meth:`drop_held`). A claimed verdict is never undone; one claimed before a crash is
+claimed again at the next start and applied again (idempotent by item id). The two
+tables were added without changing the schema version: an older relmon ignores them.
 
 ``pending`` is derived data kept for the index that makes :meth:`next_pending` and
 :meth:`depth` cheap: an item stops being pending in the same transaction that saves its
@@ -33,14 +45,15 @@ import math
 import sqlite3
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from monitor.errors import ConfigError, RelmonError
 from monitor.ports import CalibrationRecord, CalibrationStore, Clock, ReviewQueue, SystemClock
 from monitor.review import ReviewItem, Verdict
 
-__all__ = ["SCHEMA_VERSION", "SqliteStore", "StoreError"]
+__all__ = ["SCHEMA_VERSION", "ExportedVerdict", "SqliteStore", "StoreError"]
 
 SCHEMA_VERSION = 1
 _T = TypeVar("_T")
@@ -68,6 +81,18 @@ CREATE TABLE IF NOT EXISTS records (
     applied_at REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS records_by_age ON records (sampled_at);
+CREATE TABLE IF NOT EXISTS leases (
+    item_id TEXT PRIMARY KEY,
+    holder TEXT NOT NULL,
+    expires REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS held_verdicts (
+    item_id TEXT PRIMARY KEY,
+    verdict TEXT NOT NULL,
+    held_at REAL NOT NULL,
+    due REAL NOT NULL,
+    claimed INTEGER NOT NULL DEFAULT 0
+);
 """
 
 
@@ -101,6 +126,20 @@ def _verdict_from_json(text: str) -> Verdict:
         correct_answer=d.get("correct_answer"),
         reviewer=str(d.get("reviewer", "unknown")),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class ExportedVerdict:
+    """One applied verdict with its review item, as ``relmon verdicts export`` writes it."""
+
+    item: ReviewItem
+    verdict: Verdict
+    score: float
+    applied_at: float
+
+
+def _pending_filter(task: str | None) -> tuple[str, tuple[Any, ...]]:
+    return ("", ()) if task is None else (" AND ri.task = ?", (task,))
 
 
 class SqliteStore:
@@ -335,6 +374,269 @@ class SqliteStore:
             )
             for model, task, item_id, score, prob, sampled_at in rows
         ]
+
+    # -- leases, held verdicts, progress (the review page) --------------------------------
+
+    async def lease_next(
+        self,
+        task: str | None,
+        *,
+        holder: str,
+        lease_s: float,
+        exclude: Sequence[str] = (),
+    ) -> ReviewItem | None:
+        """The oldest item waiting for a verdict that nobody else holds, leased to
+        ``holder`` for ``lease_s`` seconds (renewed if ``holder`` already had it).
+
+        Skipped: items leased to another holder (lease not expired), items with a held
+        verdict, and the ids in ``exclude`` (what the caller shows or prefetched).
+        """
+        where, params = _pending_filter(task)
+        skip = tuple(dict.fromkeys(exclude))[:64]
+
+        def take(conn: sqlite3.Connection) -> str | None:
+            now = self._clock.time()
+            conn.execute("DELETE FROM leases WHERE expires <= ?", (now,))
+            marks = ",".join("?" * len(skip))
+            not_in = f" AND ri.item_id NOT IN ({marks})" if skip else ""
+            row = conn.execute(
+                "SELECT ri.item_id, ri.body FROM review_items ri WHERE ri.pending = 1"
+                + where
+                + not_in
+                + " AND NOT EXISTS (SELECT 1 FROM held_verdicts h WHERE h.item_id = ri.item_id)"
+                " AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.item_id = ri.item_id"
+                " AND l.holder != ?) ORDER BY ri.rowid LIMIT 1",
+                (*params, *skip, holder),
+            ).fetchone()
+            if row is None:
+                return None
+            conn.execute(
+                "INSERT OR REPLACE INTO leases (item_id, holder, expires) VALUES (?, ?, ?)",
+                (row[0], holder, now + lease_s),
+            )
+            return str(row[1])
+
+        body = await self._run(lambda: self._write(take))
+        return None if body is None else ReviewItem.from_json(json.loads(body))
+
+    async def lease_item(self, item_id: str, *, holder: str, lease_s: float) -> None:
+        """Lease one item to ``holder`` (taking it over from anyone else)."""
+
+        def lease(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "INSERT OR REPLACE INTO leases (item_id, holder, expires) VALUES (?, ?, ?)",
+                (item_id, holder, self._clock.time() + lease_s),
+            )
+
+        await self._run(lambda: self._write(lease))
+
+    async def release_lease(self, item_id: str, holder: str) -> bool:
+        """Give an item back before its lease expires; False if ``holder`` had no lease."""
+
+        def release(conn: sqlite3.Connection) -> bool:
+            cur = conn.execute(
+                "DELETE FROM leases WHERE item_id = ? AND holder = ?", (item_id, holder)
+            )
+            return cur.rowcount > 0
+
+        return await self._run(lambda: self._write(release))
+
+    async def hold_verdict(self, verdict: Verdict, hold_s: float) -> Literal["held", "duplicate"]:
+        """Keep ``verdict`` for ``hold_s`` seconds before it is applied (undo window).
+
+        ``"duplicate"`` (nothing stored) if the item already has a verdict, applied or
+        held: an item keeps one verdict, the first.
+        """
+        text = json.dumps(verdict.to_json(), separators=(",", ":"))
+
+        def hold(conn: sqlite3.Connection) -> Literal["held", "duplicate"]:
+            now = self._clock.time()
+            if conn.execute(
+                "SELECT 1 FROM records WHERE item_id = ?", (verdict.item_id,)
+            ).fetchone():
+                return "duplicate"
+            cur = conn.execute(
+                "INSERT OR IGNORE INTO held_verdicts (item_id, verdict, held_at, due) "
+                "VALUES (?, ?, ?, ?)",
+                (verdict.item_id, text, now, now + hold_s),
+            )
+            if cur.rowcount == 0:
+                return "duplicate"
+            conn.execute("DELETE FROM leases WHERE item_id = ?", (verdict.item_id,))
+            return "held"
+
+        return await self._run(lambda: self._write(hold))
+
+    async def undo_held(self, item_id: str) -> bool:
+        """Withdraw a held verdict not yet claimed; False if there is none (already
+        applied, claimed for applying, or never held). The item waits for review again."""
+
+        def undo(conn: sqlite3.Connection) -> bool:
+            cur = conn.execute(
+                "DELETE FROM held_verdicts WHERE item_id = ? AND claimed = 0", (item_id,)
+            )
+            return cur.rowcount > 0
+
+        return await self._run(lambda: self._write(undo))
+
+    async def claim_due(self) -> list[Verdict]:
+        """Claim the held verdicts that are due (and any claimed before a crash), oldest
+        first: from now on they cannot be undone. Apply each, then :meth:`drop_held`."""
+
+        def claim(conn: sqlite3.Connection) -> list[str]:
+            conn.execute(
+                "UPDATE held_verdicts SET claimed = 1 WHERE claimed = 0 AND due <= ?",
+                (self._clock.time(),),
+            )
+            rows = conn.execute(
+                "SELECT verdict FROM held_verdicts WHERE claimed = 1 ORDER BY due, rowid"
+            ).fetchall()
+            return [str(r[0]) for r in rows]
+
+        texts = await self._run(lambda: self._write(claim))
+        return [_verdict_from_json(t) for t in texts]
+
+    async def drop_held(self, item_id: str) -> None:
+        """Forget a claimed verdict once it has been applied."""
+        await self._run(
+            lambda: self._write(
+                lambda conn: conn.execute(
+                    "DELETE FROM held_verdicts WHERE item_id = ? AND claimed = 1", (item_id,)
+                )
+            )
+        )
+
+    async def held_verdict(self, item_id: str) -> tuple[Verdict, float] | None:
+        """The verdict held for ``item_id`` and when it is due, if any."""
+
+        def get() -> tuple[str, float] | None:
+            row = (
+                self._connection()
+                .execute("SELECT verdict, due FROM held_verdicts WHERE item_id = ?", (item_id,))
+                .fetchone()
+            )
+            return None if row is None else (str(row[0]), float(row[1]))
+
+        found = await self._run(get)
+        return None if found is None else (_verdict_from_json(found[0]), found[1])
+
+    async def review_counts(self, since: float) -> dict[tuple[str, str], tuple[int, int]]:
+        """Per ``(model, task)``: verdicts applied since ``since`` (seconds since the
+        epoch) and items waiting (no verdict, none held)."""
+
+        def get() -> dict[tuple[str, str], tuple[int, int]]:
+            conn = self._connection()
+            out: dict[tuple[str, str], tuple[int, int]] = {}
+            for m, t, n in conn.execute(
+                "SELECT model, task, count(*) FROM records WHERE applied_at >= ? "
+                "GROUP BY model, task",
+                (since,),
+            ):
+                out[(str(m), str(t))] = (int(n), 0)
+            for m, t, n in conn.execute(
+                "SELECT ri.model, ri.task, count(*) FROM review_items ri WHERE ri.pending = 1 "
+                "AND NOT EXISTS (SELECT 1 FROM held_verdicts h WHERE h.item_id = ri.item_id) "
+                "GROUP BY ri.model, ri.task"
+            ):
+                key = (str(m), str(t))
+                out[key] = (out.get(key, (0, 0))[0], int(n))
+            return out
+
+        return await self._run(get)
+
+    # -- export and import (relmon verdicts) --------------------------------------------
+
+    async def export_verdicts(self) -> list[ExportedVerdict]:
+        """Every applied verdict with its review item, in the order the windows load them
+        (``sampled_at``, then insertion)."""
+
+        def get() -> list[tuple[Any, ...]]:
+            return (
+                self._connection()
+                .execute(
+                    "SELECT ri.body, r.verdict, r.score, r.applied_at, r.model, r.task, "
+                    "r.inclusion_probability, r.sampled_at FROM records r "
+                    "JOIN review_items ri ON ri.item_id = r.item_id "
+                    "ORDER BY r.sampled_at, r.rowid"
+                )
+                .fetchall()
+            )
+
+        out = []
+        for body, verdict, score, applied_at, model, task, prob, sampled_at in await self._run(get):
+            item = ReviewItem.from_json(json.loads(body))
+            # The record's own fields are what the window loads; keep them authoritative.
+            item = ReviewItem(
+                item_id=item.item_id,
+                model=str(model),
+                task=str(task),
+                query=item.query,
+                candidates=item.candidates,
+                k=item.k,
+                inclusion_probability=float(prob),
+                sampled_at=float(sampled_at),
+            )
+            out.append(
+                ExportedVerdict(
+                    item=item,
+                    verdict=_verdict_from_json(verdict),
+                    score=math.inf if score is None else float(score),
+                    applied_at=float(applied_at),
+                )
+            )
+        return out
+
+    async def import_verdicts(self, rows: Sequence[ExportedVerdict]) -> tuple[int, int]:
+        """Store exported verdicts with their items in one transaction; returns
+        ``(imported, already present)``. An item that already has a verdict keeps it."""
+        prepared = []
+        for row in rows:
+            if row.verdict.item_id != row.item.item_id:
+                raise ValueError(f"verdict for {row.verdict.item_id!r} with {row.item.item_id!r}")
+            prepared.append(
+                (
+                    row,
+                    json.dumps(row.item.to_json(), allow_nan=False, separators=(",", ":")),
+                    json.dumps(row.verdict.to_json(), separators=(",", ":")),
+                    _score_column(row.score),
+                )
+            )
+
+        def insert(conn: sqlite3.Connection) -> tuple[int, int]:
+            new = old = 0
+            for row, body, verdict, score in prepared:
+                item = row.item
+                cur = conn.execute(
+                    "INSERT OR IGNORE INTO records (item_id, model, task, score, "
+                    "inclusion_probability, sampled_at, verdict, applied_at) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        item.item_id,
+                        item.model,
+                        item.task,
+                        score,
+                        item.inclusion_probability,
+                        item.sampled_at,
+                        verdict,
+                        row.applied_at,
+                    ),
+                )
+                if cur.rowcount == 0:
+                    old += 1
+                    continue
+                new += 1
+                conn.execute(
+                    "INSERT OR IGNORE INTO review_items (item_id, model, task, body, created, "
+                    "pending) VALUES (?, ?, ?, ?, ?, 0)",
+                    (item.item_id, item.model, item.task, body, row.applied_at),
+                )
+                conn.execute(
+                    "UPDATE review_items SET pending = 0 WHERE item_id = ?", (item.item_id,)
+                )
+                conn.execute("DELETE FROM held_verdicts WHERE item_id = ?", (item.item_id,))
+            return new, old
+
+        return await self._run(lambda: self._write(insert))
 
     async def aclose(self) -> None:
         """Close the connection (checkpointing the WAL) and stop the worker thread."""

@@ -28,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     from monitor.certify_cli import add_certify_parser
     from monitor.service_cli import add_service_parsers
     from monitor.simulate.cli import add_simulate_parser
+    from monitor.verdicts_cli import add_verdicts_parser
 
     parser = _Parser(prog="relmon", description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--version", action="version", version=f"relmon {__version__}")
@@ -35,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_certify_parser(sub)
     add_simulate_parser(sub)
     add_service_parsers(sub)
+    add_verdicts_parser(sub)
     return parser
 
 

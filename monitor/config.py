@@ -221,6 +221,10 @@ class ReviewSettings(_Strict):
     port: int = Field(9109, ge=0, le=65535)
     token: SecretStr | None = None
     token_file: Path | None = None
+    lease_s: float = Field(120.0, gt=0, le=86_400)
+    """How long an item handed to a reviewer is kept from the others."""
+    undo_s: float = Field(10.0, ge=0, le=3600)
+    """How long a verdict from the review page can be undone before it is applied."""
 
     def resolved_token(self) -> str | None:
         if self.token is not None and self.token.get_secret_value().strip():

@@ -15,11 +15,19 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from monitor.canon.base import INVALID, Canonicalizer, QueryContext
+from monitor.conformal import quantile_index
 from monitor.consensus import Consensus
 from monitor.errors import InputError
 from monitor.scores import rank_score
 
-__all__ = ["ReviewItem", "Verdict", "parse_verdict", "verdict_score"]
+__all__ = [
+    "ReviewItem",
+    "TaskProgress",
+    "Verdict",
+    "minimum_calibration_items",
+    "parse_verdict",
+    "verdict_score",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,3 +174,25 @@ def verdict_score(
     if verdict.correct_answer is not None and canonicalizer is not None:
         return rank_score(consensus, [canonicalizer.canonicalize(verdict.correct_answer, context)])
     return math.inf
+
+
+@dataclass(frozen=True, slots=True)
+class TaskProgress:
+    """A task's calibration state, as the page's progress table shows it."""
+
+    model: str
+    task: str
+    calibration_items: int
+    effective_items: float
+    minimum_items: int
+    threshold_finite: bool
+
+
+def minimum_calibration_items(alpha: float) -> int:
+    """The fewest equally weighted calibration items with a finite threshold at
+    ``alpha``: the smallest n whose order statistic k = ceil((n+1)(1-alpha)) is <= n
+    (about 1/alpha - 1: 9 at alpha = 0.1, 19 at alpha = 0.05)."""
+    n = max(0, math.ceil(1.0 / alpha) - 3)
+    while quantile_index(n, alpha) > n:
+        n += 1
+    return n

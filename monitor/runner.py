@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from adapters.canon_registry import get_async_canonicalizer
 from adapters.http_metrics import MetricsServer
 from adapters.http_review import ReviewServer
+from adapters.http_review_page import ReviewPage
 from adapters.http_traffic import TrafficServer
 from adapters.openai_client import OUTCOMES, OpenAIClient
 from adapters.sqlite_store import SqliteStore
@@ -221,6 +222,13 @@ async def start_service(settings: Settings, *, review_token: str | None = None) 
             token=token,
             host=settings.review.host,
             port=settings.review.port,
+            page=ReviewPage(
+                store=store,
+                handler=service.apply_verdict,
+                progress=service.review_progress,
+                lease_s=settings.review.lease_s,
+                undo_s=settings.review.undo_s,
+            ),
         )
         await running.review_server.start()
         closers.append(running.review_server.stop)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -40,7 +41,13 @@ from monitor.ports import (
     SystemClock,
     VerdictOutcome,
 )
-from monitor.review import ReviewItem, Verdict, verdict_score
+from monitor.review import (
+    ReviewItem,
+    TaskProgress,
+    Verdict,
+    minimum_calibration_items,
+    verdict_score,
+)
 from monitor.sampler import CallBudget, redact, sampled
 from monitor.scores import set_size
 from monitor.stopping import StoppingRule
@@ -459,6 +466,24 @@ class MonitorService:
         )
         self.metrics.review_queue_depth.labels(item.model, item.task).set(state.pending_reviews)
         return VerdictOutcome("applied", score=score)
+
+    def review_progress(self) -> list[TaskProgress]:
+        """Each configured task's calibration state against what its target needs."""
+        out = []
+        for task in self.tasks.values():
+            model = self._model(task)
+            snap = self.snapshot(model, task.name, max_age_s=1.0)
+            out.append(
+                TaskProgress(
+                    model=model,
+                    task=task.name,
+                    calibration_items=snap.n,
+                    effective_items=round(snap.n_eff, 3),
+                    minimum_items=minimum_calibration_items(task.target_alpha),
+                    threshold_finite=math.isfinite(snap.thresholds[task.target_alpha]),
+                )
+            )
+        return out
 
     @property
     def in_flight(self) -> int:

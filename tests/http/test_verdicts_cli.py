@@ -1,0 +1,207 @@
+"""``relmon verdicts export|import``: a round trip restores the same records and the
+same thresholds (a property over random verdict sets, both formats); bad files are
+clear errors; a JSONL export is accepted by ``relmon certify``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from adapters.sqlite_store import SqliteStore
+from monitor.cli import main
+from monitor.ports import CalibrationRecord
+from monitor.review import ReviewItem, Verdict, verdict_score
+from monitor.testing import ManualClock
+from monitor.window import CalibrationWindow
+
+_answer = st.text(alphabet=st.characters(blacklist_categories=["Cs"]), min_size=1, max_size=12)
+
+
+@st.composite
+def reviewed(draw: st.DrawFn, index: int) -> tuple[ReviewItem, Verdict]:
+    answers = draw(st.lists(_answer, min_size=1, max_size=4, unique=True))
+    counts = sorted(
+        draw(st.lists(st.integers(1, 5), min_size=len(answers), max_size=len(answers))),
+        reverse=True,
+    )
+    item = ReviewItem(
+        item_id=f"task{index % 2}:{draw(st.text(min_size=1, max_size=8))}\n{index}",
+        model=draw(st.sampled_from(["m1", "m,2"])),
+        task=f"task{index % 2}",
+        query=draw(st.text(max_size=30)),
+        candidates=tuple(zip(answers, counts, strict=True)),
+        k=sum(counts),
+        inclusion_probability=draw(st.floats(0.01, 1.0)),
+        sampled_at=draw(st.floats(1.7e9, 1.8e9)),
+    )
+    if draw(st.booleans()):
+        ranks = draw(st.sets(st.integers(1, len(answers)), min_size=1))
+        verdict = Verdict(item.item_id, tuple(sorted(ranks)), reviewer=draw(st.text(max_size=10)))
+    else:
+        correct = draw(st.none() | _answer)
+        verdict = Verdict(item.item_id, none_of_these=True, correct_answer=correct, reviewer="r")
+    return item, verdict
+
+
+async def _fill(path: Path, rows: list[tuple[ReviewItem, Verdict]]) -> None:
+    clock = ManualClock(1.8e9)
+    store = SqliteStore(path, clock=clock)
+    try:
+        for item, verdict in rows:
+            await store.submit(item)
+            score = verdict_score(item, verdict)
+            record = CalibrationRecord(
+                item.model,
+                item.task,
+                item.item_id,
+                score,
+                item.inclusion_probability,
+                item.sampled_at,
+            )
+            await store.save_record(record, verdict)
+            clock.advance(0.5)
+    finally:
+        await store.aclose()
+
+
+async def _state(path: Path) -> tuple[list[CalibrationRecord], list[Verdict | None]]:
+    store = SqliteStore(path)
+    try:
+        records = list(await store.load_records())
+        verdicts = [await store.get_verdict(r.item_id) for r in records]
+        return records, verdicts
+    finally:
+        await store.aclose()
+
+
+def _snapshots(records: list[CalibrationRecord]) -> dict[tuple[str, str], object]:
+    out: dict[tuple[str, str], CalibrationWindow] = {}
+    for r in records:
+        window = out.setdefault(
+            (r.model, r.task),
+            CalibrationWindow(alphas=(0.05, 0.1, 0.2), half_life_s=3600, max_items=50),
+        )
+        window.add(r.item_id, r.score, r.inclusion_probability, r.sampled_at)
+    return {key: w.snapshot(1.8e9) for key, w in out.items()}
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    rows=st.integers(0, 12).flatmap(lambda n: st.tuples(*(reviewed(i) for i in range(n)))),
+    fmt=st.sampled_from(["jsonl", "csv"]),
+)
+def test_export_import_round_trip_restores_records_and_thresholds(
+    rows: tuple[tuple[ReviewItem, Verdict], ...], fmt: str
+) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        source, target = Path(tmp) / "a", Path(tmp) / "b"
+        asyncio.run(_fill(source / "relmon.sqlite3", list(rows)))
+        out = Path(tmp) / f"verdicts.{fmt}"
+        assert (
+            main(
+                ["verdicts", "export", "--state-dir", str(source), "--format", fmt, "-o", str(out)]
+            )
+            == 0
+        )
+        assert main(["verdicts", "import", "--state-dir", str(target), str(out)]) == 0
+        before, after = (
+            asyncio.run(_state(source / "relmon.sqlite3")),
+            asyncio.run(_state(target / "relmon.sqlite3")),
+        )
+        assert after == before  # same records (scores, weights, times) and verdicts
+        assert len(before[0]) == len(rows)
+        assert _snapshots(after[0]) == _snapshots(before[0])
+        # Importing again changes nothing: each item keeps its one verdict.
+        assert main(["verdicts", "import", "--state-dir", str(target), str(out)]) == 0
+        assert asyncio.run(_state(target / "relmon.sqlite3")) == before
+
+
+def test_export_lines_carry_the_reviewer_and_are_certify_input(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = []
+    for i in range(12):
+        item = ReviewItem(
+            item_id=f"qa:{i}",
+            model="m1",
+            task="qa",
+            query=f"What is {i}+1?",
+            candidates=((str(i + 1), 6), (str(i), 3), ("-1", 1)),
+            k=10,
+            inclusion_probability=0.5,
+            sampled_at=1.7e9 + i,
+        )
+        verdict = (
+            Verdict(item.item_id, (1,), reviewer="ann")
+            if i % 4
+            else Verdict(item.item_id, none_of_these=True, correct_answer="99", reviewer="bob")
+        )
+        rows.append((item, verdict))
+    asyncio.run(_fill(tmp_path / "s" / "relmon.sqlite3", rows))
+    out = tmp_path / "v.jsonl"
+    assert main(["verdicts", "export", "--state-dir", str(tmp_path / "s"), "-o", str(out)]) == 0
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [d["id"] for d in lines] == [f"qa:{i}" for i in range(12)]
+    first, none = lines[1], lines[0]
+    assert first["reviewer"] == "ann" and first["acceptable"] == ["2"] and first["score"] == 1
+    assert first["answers"] == ["2"] * 6 + ["1"] * 3 + ["-1"]
+    assert none["verdict"] == {
+        "accepted_ranks": [],
+        "none_of_these": True,
+        "correct_answer": "99",
+        "reviewer": "bob",
+    }
+    assert none["score"] == "inf" and none["acceptable"] == ["99"]
+    capsys.readouterr()
+    args = ["certify", "--samples", str(out), "--labels", str(out), "--canonicalizer", "numeric"]
+    assert main([*args, "--format", "json", "--alpha", "0.2"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["n"] >= 1  # certify accepted the export as samples and labels
+
+
+def test_bad_import_files_are_clear_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    item = ReviewItem("qa:1", "m1", "qa", "q", (("2", 6), ("1", 4)), 10, 0.5, 1.7e9)
+    asyncio.run(_fill(tmp_path / "s" / "relmon.sqlite3", [(item, Verdict("qa:1", (2,)))]))
+    good = tmp_path / "v.jsonl"
+    assert main(["verdicts", "export", "--state-dir", str(tmp_path / "s"), "-o", str(good)]) == 0
+    line = json.loads(good.read_text())
+    cases = {
+        "score": {**line, "score": 1},  # rank 2 was accepted: the score is 2
+        "rank": {**line, "verdict": {**line["verdict"], "accepted_ranks": [3]}},
+        "inclusion_probability": {**line, "inclusion_probability": 0},
+    }
+    capsys.readouterr()
+    for word, bad in cases.items():
+        path = tmp_path / f"bad-{word}.jsonl"
+        path.write_text(json.dumps(bad) + "\n")
+        assert main(["verdicts", "import", "--state-dir", str(tmp_path / "t"), str(path)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"relmon: error: {path}:1: ") and word in err, err
+    (tmp_path / "dup.jsonl").write_text(good.read_text() * 2)
+    assert (
+        main(
+            ["verdicts", "import", "--state-dir", str(tmp_path / "t"), str(tmp_path / "dup.jsonl")]
+        )
+        == 2
+    )
+    assert ":2: duplicate id" in capsys.readouterr().err
+    assert main(["verdicts", "export", "--state-dir", str(tmp_path / "nothing")]) == 2
+    assert "no review store" in capsys.readouterr().err
+
+
+def test_the_kafka_backend_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "relmon.yaml"
+    config.write_text(
+        "kafka: {enabled: true}\nreview: {backend: kafka}\n"
+        "tasks: [{name: qa, endpoint: {base_url: 'http://127.0.0.1:1/v1', model: m}}]\n"
+    )
+    assert main(["verdicts", "export", "--config", str(config)]) == 2
+    assert "Kafka backend" in capsys.readouterr().err

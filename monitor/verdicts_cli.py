@@ -195,7 +195,9 @@ def _from_csv_row(row: dict[str, str]) -> Any:
 
 def write_records(rows: Sequence[Any], out: TextIO, fmt: str) -> None:
     if fmt == "csv":
-        writer = csv.DictWriter(out, fieldnames=CSV_FIELDS, lineterminator="\n")
+        # RFC 4180 line ends: "\r\n" in the terminator makes the writer quote any field
+        # holding "\r" or "\n", so such text survives the round trip.
+        writer = csv.DictWriter(out, fieldnames=CSV_FIELDS, lineterminator="\r\n")
         writer.writeheader()
         for row in rows:
             writer.writerow(_csv_row(row))
@@ -225,7 +227,9 @@ def read_records(path: Path, fmt: str | None = None) -> list[Any]:
     """Every record of an export file; :class:`InputError` naming the line if bad."""
     fmt = fmt or ("csv" if path.suffix.lower() == ".csv" else "jsonl")
     try:
-        text = path.read_text(encoding="utf-8")
+        # newline="": no translation, so "\r" inside a quoted CSV field stays itself.
+        with path.open(encoding="utf-8", newline="") as f:
+            text = f.read()
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"cannot read: {exc}", source=str(path)) from None
     out, seen = [], set()

@@ -91,7 +91,7 @@ def _snapshots(records: list[CalibrationRecord]) -> dict[tuple[str, str], object
     return {key: w.snapshot(1.8e9) for key, w in out.items()}
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     rows=st.integers(0, 12).flatmap(lambda n: st.tuples(*(reviewed(i) for i in range(n)))),
     fmt=st.sampled_from(["jsonl", "csv"]),

@@ -1,0 +1,370 @@
+"""The review page in a real headless Chromium (Debian ``chromium``, driven by
+Playwright) against a real ``relmon demo --no-auto-review``.
+
+The browser runs at 200% zoom (a 640 CSS-pixel wide viewport at device scale 2, what a
+1280-pixel window shows zoomed to 200%). A reviewer signs in, reviews 20 items with the
+keyboard only (several answers accepted once, "none of these" on some, one verdict
+undone and given again) while a second tab holds its own item; then the verdicts are
+checked through the review API and /metrics (reviews counted, the calibration window
+grown by 20, the reliability level equal to an independent computation from the
+verdicts), a screenshot is saved (test-artifacts/review-page.png) and checked not to be
+blank, and an export/import round trip is checked to restore the same thresholds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from PIL import Image
+from playwright.sync_api import Browser, Page, sync_playwright
+from prometheus_client.parser import text_string_to_metric_families
+
+from adapters.sqlite_store import SqliteStore
+from monitor.demo import MODEL, TASK
+from monitor.window import CalibrationWindow
+
+TOKEN = "browser-test-token-7c1f"
+HALF_LIFE_S = 30.0  # the demo's task settings
+REVIEW_RATE = 0.5
+ALPHAS = (0.05, 0.1, 0.2)
+ARTIFACTS = Path(os.environ.get("RELMON_TEST_ARTIFACTS", "test-artifacts"))
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Demo:
+    proc: subprocess.Popen[bytes]
+    state_dir: Path
+    metrics: str
+    review: str
+
+    def get(self, url: str, token: str | None = TOKEN) -> tuple[int, bytes]:
+        request = urllib.request.Request(url)
+        if token is not None:
+            request.add_header("Authorization", f"Bearer {token}")
+        try:
+            with urllib.request.urlopen(request, timeout=10) as r:
+                return r.status, r.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read()
+
+    def samples(self) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+        status, body = self.get(f"{self.metrics}/metrics", None)
+        assert status == 200
+        out = {}
+        for family in text_string_to_metric_families(body.decode()):
+            for s in family.samples:
+                if s.labels.get("task", TASK) == TASK:
+                    out[(s.name, frozenset(s.labels.items()))] = s.value
+        return out
+
+    def value(self, name: str, **labels: str) -> float:
+        key = frozenset({"model": MODEL, "task": TASK, **labels}.items())
+        return self.samples().get((name, key), math.nan)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+def start_demo(state_dir: Path, log: Path) -> Demo:
+    ports = [free_port() for _ in range(3)]
+    env = {**os.environ, "RELMON_REVIEW_TOKEN": TOKEN}
+    cmd = [
+        sys.executable,
+        "-m",
+        "monitor",
+        "demo",
+        "--no-auto-review",
+        "--state-dir",
+        str(state_dir),
+        "--drift-after",
+        "100000",
+        "--metrics-port",
+        str(ports[0]),
+        "--review-port",
+        str(ports[1]),
+        "--traffic-port",
+        str(ports[2]),
+    ]
+    with log.open("ab") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+    demo = Demo(proc, state_dir, f"http://127.0.0.1:{ports[0]}", f"http://127.0.0.1:{ports[1]}")
+    deadline = time.monotonic() + 120
+    while True:
+        assert proc.poll() is None, log.read_text()
+        try:
+            if demo.get(f"{demo.metrics}/readyz", None)[0] == 200:
+                return demo
+        except OSError:
+            pass
+        assert time.monotonic() < deadline, "the demo did not become ready"
+        time.sleep(0.2)
+
+
+@pytest.fixture
+def demo(tmp_path: Path) -> Iterator[Demo]:
+    d = start_demo(tmp_path / "state", tmp_path / "demo.log")
+    try:
+        yield d
+    finally:
+        d.stop()
+
+
+@pytest.fixture
+def browser() -> Iterator[Browser]:
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def new_tab(browser: Browser) -> Page:
+    context = browser.new_context(viewport={"width": 640, "height": 900}, device_scale_factor=2)
+    page = context.new_page()
+    page.set_default_timeout(30_000)
+    return page
+
+
+def sign_in(page: Page, base: str, token: str, name: str) -> None:
+    page.goto(f"{base}/review")
+    page.locator("#token").focus()
+    page.keyboard.type(token)
+    page.keyboard.press("Tab")
+    page.keyboard.type(name)
+    page.keyboard.press("Enter")
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def test_a_wrong_token_is_refused(demo: Demo, browser: Browser) -> None:
+    page = new_tab(browser)
+    urls: list[str] = []
+    page.on("request", lambda r: urls.append(r.url))
+    sign_in(page, demo.review, "not-the-token", "Eve")
+    page.wait_for_selector("#login:not([hidden])")
+    assert "not accepted" in page.locator("#status").inner_text()
+    assert page.locator("#review").is_hidden()
+    assert page.evaluate("sessionStorage.getItem('relmon-token')") is None
+    assert urls and not any("not-the-token" in u or TOKEN in u for u in urls)
+    assert demo.get(f"{demo.review}/api/reviews/next", "not-the-token")[0] == 401
+    assert demo.get(f"{demo.review}/api/review-page/progress", None)[0] == 401
+
+
+def expected_level(sampled_at: dict[str, float], good: set[str], now: float) -> float:
+    """The weighted reliability level, computed here from the verdicts: weights
+    2^(-age/h)/pi for the items, 1/pi for the test point (pi equal for all)."""
+    w = {i: 2.0 ** (-(now - t) / HALF_LIFE_S) for i, t in sampled_at.items()}
+    return sum(w[i] for i in good) / (sum(w.values()) + 1.0)
+
+
+def load_records(path: Path) -> list[Any]:
+    async def load() -> list[Any]:
+        store = await SqliteStore.open(path)
+        try:
+            return list(await store.load_records())
+        finally:
+            await store.aclose()
+
+    # Playwright's sync API runs an event loop in this thread: load in another one.
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, load()).result()
+
+
+def window_from(records: Any) -> CalibrationWindow:
+    window = CalibrationWindow(
+        alphas=ALPHAS,
+        max_items=1000,
+        half_life_s=HALF_LIFE_S,
+        min_inclusion_probability=REVIEW_RATE,
+    )
+    for r in records:
+        window.add(r.item_id, r.score, r.inclusion_probability, r.sampled_at)
+    return window
+
+
+def test_keyboard_review_of_20_items_with_undo(
+    demo: Demo, browser: Browser, tmp_path: Path
+) -> None:
+    wait_until(
+        lambda: demo.value("relmon_review_queue_depth") >= 25,
+        120,
+        "25 items waiting for review",
+    )
+    level_before = demo.value("relmon_reliability_level")
+    assert demo.value("relmon_calibration_items") == 0 and level_before == 0.0
+
+    other = new_tab(browser)
+    sign_in(other, demo.review, TOKEN, "Bob")
+    held_by_other = (other.wait_for_selector("#item[data-item]")).get_attribute("data-item")
+    page = new_tab(browser)
+    sign_in(page, demo.review, TOKEN, "Ada")
+    page.wait_for_selector("#item[data-item]")
+    assert "Ada" in page.locator("#who").inner_text()
+    # Progress: the task, how many wait, and the minimum for the target (alpha 0.2 -> 4).
+    row = page.locator("#progress tr[data-task='arithmetic']")
+    assert "more needed" in row.inner_text()
+    assert (row.locator("td").nth(4).inner_text()).startswith("4")
+
+    expected: dict[str, float] = {}  # item -> score
+    positions_seen: list[list[str]] = []
+    started = time.monotonic()
+    for j in range(20):
+        item_id = page.locator("#item").get_attribute("data-item")
+        assert item_id and item_id != held_by_other and item_id not in expected
+        ranks = page.eval_on_selector_all("#candidates li", "els => els.map(e => e.dataset.rank)")
+        positions_seen.append(ranks)
+        # No counts on the page: only the answers.
+        assert not re.search(r"\d+\s*/\s*\d+", page.locator("#candidates").inner_text())
+        if j == 14:  # none of these, with a correct answer no candidate has
+            page.keyboard.press("0")
+            page.keyboard.type("12345")
+            expected[item_id] = math.inf
+        elif j in (4, 19) and len(ranks) > 1:  # the runner-up is the right answer
+            page.keyboard.press(str(ranks.index("2") + 1))
+            expected[item_id] = 2.0
+        else:
+            page.keyboard.press(str(ranks.index("1") + 1))
+            if j == 3 and len(ranks) > 1:
+                page.keyboard.press(str(ranks.index("2") + 1))  # several accepted
+            expected[item_id] = 1.0
+        page.keyboard.press("Enter")
+        page.wait_for_selector(f"body[data-done='{j + 1}']")
+        if j == 9:  # undo this one and judge it again, differently
+            page.keyboard.press("u")
+            page.wait_for_selector(f"body[data-undone='{item_id}']")
+            assert page.locator("#item").get_attribute("data-item") == item_id
+            page.keyboard.press("0")
+            page.keyboard.press("Enter")
+            page.wait_for_selector(f"body[data-done='{j + 1}']")
+            expected[item_id] = math.inf
+    seconds = time.monotonic() - started
+    print(f"\n20-item keyboard review (incl. one undo): {seconds:.1f} s")
+
+    # The page at 200% zoom: nothing wider than the window, and not blank.
+    page.wait_for_selector("#item[data-item]")
+    assert page.evaluate(
+        "document.documentElement.scrollWidth <= document.documentElement.clientWidth"
+    )
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    shot = ARTIFACTS / "review-page.png"
+    page.screenshot(path=str(shot), full_page=True)
+    print(f"screenshot: {shot.resolve()}")
+    pixels = np.asarray(Image.open(shot).convert("L"), dtype=float)
+    assert pixels.shape[1] == 1280 and pixels.std() > 10, pixels.std()
+    # Random order: over 20 items with several candidates, not always rank order.
+    multi = [r for r in positions_seen if len(r) > 1]
+    if len(multi) >= 12:  # all in rank order by chance: probability <= 2^-12
+        assert any(r != sorted(r, key=int) for r in multi)
+
+    # The verdicts land once their undo window (10 s) has passed.
+    wait_until(
+        lambda: demo.value("relmon_calibration_items") == 20,
+        90,
+        "20 verdicts in the calibration window",
+    )
+    sampled_at = {}
+    for item_id, score in expected.items():
+        status, body = demo.get(f"{demo.review}/api/reviews/{urllib.request.quote(item_id)}")
+        assert status == 200
+        got = json.loads(body)
+        assert got["verdict"] is not None and got["verdict"]["reviewer"] == "Ada"
+        assert got["verdict"]["none_of_these"] == math.isinf(score)
+        sampled_at[item_id] = got["sampled_at"]
+    status, body = demo.get(f"{demo.review}/api/reviews/{urllib.request.quote(held_by_other)}")
+    assert json.loads(body)["verdict"] is None  # the other tab's item was left alone
+    nones = sum(math.isinf(s) for s in expected.values())
+    assert demo.value("relmon_reviews_total", verdict="none") == nones
+    assert demo.value("relmon_reviews_total", verdict="accepted") == 20 - nones
+    good = {i for i, s in expected.items() if s <= 1}
+    t0 = time.time()
+    level = demo.value("relmon_reliability_level")
+    t1 = time.time()
+    low, high = expected_level(sampled_at, good, t1), expected_level(sampled_at, good, t0)
+    assert low - 1e-9 <= level <= high + 1e-9, (low, level, high)
+    assert level > level_before
+    print(f"reliability level {level_before} -> {level:.4f} (independent: {low:.4f}..{high:.4f})")
+
+    # Export, import into a fresh state directory: the same thresholds.
+    other.close()
+    demo.stop()
+    export = tmp_path / "verdicts.jsonl"
+    env = {**os.environ}
+    for args in (
+        ["export", "--state-dir", str(demo.state_dir), "-o", str(export)],
+        ["import", "--state-dir", str(tmp_path / "moved"), str(export)],
+    ):
+        done = subprocess.run(  # noqa: PLW1510 (the return code is asserted)
+            [sys.executable, "-m", "monitor", "verdicts", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+    assert len(export.read_text().splitlines()) == 20
+    records = [
+        load_records(demo.state_dir / "relmon.sqlite3"),
+        load_records(tmp_path / "moved" / "relmon.sqlite3"),
+    ]
+    assert records[0] == records[1] and len(records[0]) == 20
+    now = time.time()
+    before, after = (window_from(r).snapshot(now) for r in records)
+    assert before == after
+    print(f"export/import round trip: thresholds {before.thresholds} == {after.thresholds}")
+
+    # relmon started on the imported state serves the same calibration.
+    moved = start_demo(tmp_path / "moved", tmp_path / "moved.log")
+    try:
+        assert moved.value("relmon_calibration_items") == 20
+        t0 = time.time()
+        level = moved.value("relmon_reliability_level")
+        t1 = time.time()
+        low, high = expected_level(sampled_at, good, t1), expected_level(sampled_at, good, t0)
+        assert low - 1e-9 <= level <= high + 1e-9
+    finally:
+        moved.stop()

@@ -17,7 +17,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from monitor.config import load_settings
+from monitor.config import load_settings, validate_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "relmon"
@@ -102,16 +102,29 @@ def test_every_rendered_manifest_is_valid_kubernetes(scenario: Path | None, tmp_
 
 
 @pytest.mark.parametrize("scenario", ALL, ids=IDS)
-def test_the_rendered_relmon_config_is_accepted_by_relmon(
+def test_the_rendered_relmon_config_passes_relmons_own_validation(
     scenario: Path | None, tmp_path: Path
 ) -> None:
-    config = by_kind(render(values_of(scenario)), "ConfigMap")[0]["data"]["relmon.yaml"]
+    """The ConfigMap's relmon.yaml, with the Secret's files in place, passes the validation
+    that ``relmon run`` and ``relmon check-config`` run."""
+    docs = render(values_of(scenario))
+    config = by_kind(docs, "ConfigMap")[0]["data"]["relmon.yaml"]
+    secrets = tmp_path / "secrets"
+    secrets.mkdir()
+    for secret in by_kind(docs, "Secret"):
+        for key in secret["data"]:
+            (secrets / key).write_text("s3cret\n")
+    for key in ("review-token", "api-key-support"):  # what existingSecret must provide
+        if values_of(scenario).get("secret", {}).get("existingSecret"):
+            (secrets / key).write_text("s3cret\n")
     path = tmp_path / "relmon.yaml"
-    path.write_text(config)
+    path.write_text(config.replace("/etc/relmon/secrets/", f"{secrets}/"))
     settings = load_settings(path)
     assert settings.metrics.port == 9108 and str(settings.state_dir) == "/var/lib/relmon"
+    assert settings.metrics.host == settings.review.host == settings.traffic.host
     if settings.review.backend == "http":
-        assert str(settings.review.token_file) == "/etc/relmon/secrets/review-token"
+        assert settings.review.token_file == secrets / "review-token"
+    assert validate_settings(settings) == []
 
 
 def test_standalone_pod_is_locked_down_and_probed() -> None:
@@ -184,6 +197,16 @@ def test_the_template_refuses_several_sqlite_writers_even_without_the_schema(
     (chart / "values.schema.json").unlink()
     with pytest.raises(helm_python.HelmRenderError, match="single writer"):
         render({"replicaCount": 3}, chart=chart)
+    with pytest.raises(helm_python.HelmRenderError, match="one claim cannot hold"):
+        render(
+            {
+                "replicaCount": 2,
+                "review": {"backend": "kafka"},
+                "kafka": {"enabled": True},
+                "persistence": {"enabled": True},
+            },
+            chart=chart,
+        )
     with pytest.raises(helm_python.HelmRenderError, match=r"needs review\.backend: kafka"):
         render({"keda": {"enabled": True}, "kafka": {"enabled": True}}, chart=chart)
     assert by_kind(render({"replicaCount": 1}, chart=chart), "Deployment")

@@ -63,6 +63,9 @@ possible): SQLite is single-writer, so more than one replica needs the Kafka bac
 {{- if and (eq .Values.review.backend "http") (gt (int .Values.replicaCount) 1) }}
 {{- fail "replicaCount > 1 needs review.backend: kafka (the HTTP review backend keeps its state in SQLite, which has a single writer)" }}
 {{- end }}
+{{- if and .Values.persistence.enabled (not .Values.persistence.existingClaim) (or (gt (int .Values.replicaCount) 1) .Values.keda.enabled) }}
+{{- fail "persistence.enabled with several replicas: one claim cannot hold several pods' state (with the Kafka review backend the state is replayed from the topics; leave persistence off)" }}
+{{- end }}
 {{- if and .Values.keda.enabled (eq .Values.review.backend "http") }}
 {{- fail "keda.enabled scales replicas and needs review.backend: kafka" }}
 {{- end }}

@@ -1,0 +1,109 @@
+"""What a new user sees first: the demo's first line, the review page, the certify table."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from adapters.http_review import ReviewServer
+from adapters.sqlite_store import SqliteStore
+from monitor.cli import main
+from monitor.ports import VerdictOutcome
+from monitor.review import Verdict
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_demo_says_where_metrics_and_the_review_page_are_first(tmp_path: Path) -> None:
+    ports = [_free_port() for _ in range(3)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RELMON_")}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "monitor",
+            "demo",
+            "--duration",
+            "1",
+            "--metrics-port",
+            str(ports[0]),
+            "--review-port",
+            str(ports[1]),
+            "--traffic-port",
+            str(ports[2]),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        out, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    first = out.splitlines()[0]
+    assert first.startswith("relmon demo: starting")
+    assert f"http://127.0.0.1:{ports[0]}/metrics" in first
+    assert f"http://127.0.0.1:{ports[1]}/review" in first
+    assert "review token (set RELMON_REVIEW_TOKEN to choose one): " in err
+
+
+async def test_review_page_says_where_the_token_comes_from(tmp_path: Path) -> None:
+    async def handler(verdict: Verdict) -> VerdictOutcome:
+        return VerdictOutcome("unknown")
+
+    store = SqliteStore(tmp_path / "relmon.sqlite3")
+    server = ReviewServer(store=store, handler=handler, token="t0k3n-abc", port=0)
+    await server.start()
+    try:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"http://127.0.0.1:{server.bound_port}/review") as resp,
+        ):
+            assert resp.status == 200
+            page = await resp.text()
+    finally:
+        await server.stop()
+        await store.aclose()
+    text = " ".join(re.sub(r"<[^>]+>", " ", page).split())
+    for source in ("RELMON_REVIEW_TOKEN", "review.token_file", "relmon demo prints it"):
+        assert source in text, source
+
+
+def test_certify_table_values_line_up(capsys: pytest.CaptureFixture[str]) -> None:
+    args = [
+        "certify",
+        "--samples",
+        str(EXAMPLES / "arith_samples.jsonl"),
+        "--labels",
+        str(EXAMPLES / "arith_labels.jsonl"),
+        "--canonicalizer",
+        "numeric",
+        "--test-fraction",
+        "0.5",
+        "--seed",
+        "1",
+    ]
+    assert main(args) == 0
+    head = capsys.readouterr().out.split("\n\n", 1)[0].splitlines()
+    assert any("lower bound (95%)" in line for line in head)
+    columns = {
+        m.start(2) for m in (re.match(r"^(\s*\S.*?\S)\s{2,}(\S.*)$", ln) for ln in head) if m
+    }
+    assert len(head) >= 8 and len(columns) == 1, head

@@ -53,6 +53,7 @@ class Result:
     first_level_s: float | None = None  # relmon_reliability_level appears on /metrics
     first_calibrated_s: float | None = None  # ... computed from at least one verdict
     pip_errors: list[str] = field(default_factory=list)
+    pip_cache_mb: float | None = None  # size of the pip cache after the run (cold: downloads)
     ok: bool = False
     log_tail: str = ""
 
@@ -159,6 +160,9 @@ def measure(
                 _stop(proc)
                 reader.join(10)
         result.pip_errors = [ln for ln in lines if "ERROR" in ln or "dependency resolver" in ln]
+        if cache_dir is not None and cache_dir.exists():
+            size = sum(f.stat().st_size for f in cache_dir.rglob("*") if f.is_file())
+            result.pip_cache_mb = round(size / 1e6, 1)
         result.ok = result.first_level_s is not None
         result.log_tail = "\n".join(lines[-15:])
         result.clone_s = round(result.clone_s, 1)
@@ -216,6 +220,8 @@ def main() -> int:
             print(f"   first reliability level    {r.first_level_s} s  (clone -> /metrics)")
             print(f"   first calibrated level     {r.first_calibrated_s} s  (n >= 1)")
             print(f"   pip errors                 {r.pip_errors or 'none'}")
+            if r.pip_cache_mb is not None:
+                print(f"   pip cache after the run    {r.pip_cache_mb} MB")
             if not r.ok:
                 print("   FAILED; last lines of make demo:\n" + r.log_tail)
     return 0 if all(r.ok for r in results) else 1

@@ -329,6 +329,11 @@ class Settings(BaseSettings):
     seed: int | None = None
     _source: str = PrivateAttr("settings")  # where they came from, for messages
 
+    @field_validator("state_dir")
+    @classmethod
+    def _expand_home(cls, v: Path) -> Path:
+        return v.expanduser()
+
     def resolved_review_token(self) -> str | None:
         """RELMON_REVIEW_TOKEN, else review.token, else the contents of review.token_file."""
         if self.review_token is not None and self.review_token.get_secret_value():
@@ -470,6 +475,23 @@ def budget_warnings(settings: Settings) -> list[str]:
     return []
 
 
+def _state_dir_problem(path: Path) -> str | None:
+    """Why ``path`` could not be used as the state directory (checked, not created)."""
+    path = path.expanduser()
+    if path.exists():
+        if not path.is_dir():
+            return f"{path} exists and is not a directory"
+        if not os.access(path, os.W_OK | os.X_OK):
+            return f"{path} is not writable"
+        return None
+    parent = path.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        return f"{path} cannot be created: {parent} is not a writable directory"
+    return None
+
+
 def validate_settings(settings: Settings, *, review_token: str | None = None) -> list[str]:
     """Everything ``relmon run`` needs beyond the field checks; returns warnings.
 
@@ -524,6 +546,9 @@ def validate_settings(settings: Settings, *, review_token: str | None = None) ->
     if settings.review.backend == "kafka" and not settings.kafka.enabled:
         problems.append("review.backend: 'kafka' needs kafka.enabled: true")
     if settings.review.backend == "http":
+        problem = _state_dir_problem(settings.state_dir)
+        if problem:
+            problems.append(f"state_dir: {problem}")
         token = review_token
         if not token:
             try:

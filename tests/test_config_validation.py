@@ -194,6 +194,29 @@ class TakenPort:
         self.sock.close()
 
 
+def test_state_dir_that_cannot_be_used_is_reported_not_created(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RELMON_REVIEW_TOKEN", "t0k3n")
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    for state, why in (
+        (a_file, f"state_dir: {a_file} exists and is not a directory"),
+        (a_file / "sub" / "dir", f"cannot be created: {a_file} is not a writable directory"),
+    ):
+        text = TASK.format(canon="numeric") + f"state_dir: {json.dumps(str(state))}\n"
+        with pytest.raises(ConfigError) as err:
+            validate_settings(load_settings(write(tmp_path, text)))
+        assert why in str(err.value)
+    fine = tmp_path / "new" / "state"
+    text = TASK.format(canon="numeric") + f"state_dir: {json.dumps(str(fine))}\n"
+    assert validate_settings(load_settings(write(tmp_path, text))) == []
+    assert not fine.parent.exists()  # checked, not created
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    text = TASK.format(canon="numeric") + "state_dir: ~/relmon\n"
+    assert load_settings(write(tmp_path, text)).state_dir == tmp_path / "home" / "relmon"
+
+
 def test_off_mode_is_accepted_from_yaml_and_environment(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

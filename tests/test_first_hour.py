@@ -12,11 +12,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from adapters.http_review import ReviewServer
-from adapters.sqlite_store import SqliteStore
 from monitor.cli import main
-from monitor.ports import VerdictOutcome
-from monitor.review import Verdict
+from monitor.config import load_settings
+from monitor.runner import start_service
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -65,24 +63,25 @@ def test_demo_says_where_metrics_and_the_review_page_are_first(tmp_path: Path) -
 
 
 async def test_review_page_says_where_the_token_comes_from(tmp_path: Path) -> None:
-    async def handler(verdict: Verdict) -> VerdictOutcome:
-        return VerdictOutcome("unknown")
-
-    store = SqliteStore(tmp_path / "relmon.sqlite3")
-    server = ReviewServer(store=store, handler=handler, token="t0k3n-abc", port=0)
-    await server.start()
+    settings = load_settings(
+        None,
+        tasks=[{"name": "a", "endpoint": {"base_url": "http://127.0.0.1:9/v1", "model": "m"}}],
+        metrics={"port": 0},
+        review={"port": 0, "token": "t0k3n-abc"},
+        traffic={"mode": "off"},
+        state_dir=tmp_path / "state",
+    )
+    running = await start_service(settings)
     try:
-        async with (
-            aiohttp.ClientSession() as session,
-            session.get(f"http://127.0.0.1:{server.bound_port}/review") as resp,
-        ):
+        assert running.review_server is not None
+        url = f"http://127.0.0.1:{running.review_server.bound_port}/review"
+        async with aiohttp.ClientSession() as session, session.get(url) as resp:
             assert resp.status == 200
             page = await resp.text()
     finally:
-        await server.stop()
-        await store.aclose()
+        await running.close(1)
     text = " ".join(re.sub(r"<[^>]+>", " ", page).split())
-    for source in ("RELMON_REVIEW_TOKEN", "review.token_file", "relmon demo prints it"):
+    for source in ("RELMON_REVIEW_TOKEN", "review.token_file", "relmon demo"):
         assert source in text, source
 
 

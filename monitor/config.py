@@ -38,7 +38,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from monitor.errors import ConfigError
-from monitor.stopping import available_rules, get_stopping_rule
+from monitor.stopping import DEFAULT_FUTILITY, DEFAULT_RULE, available_rules, get_stopping_rule
 
 __all__ = [
     "BudgetSettings",
@@ -134,7 +134,8 @@ class TaskSettings(_Strict):
     k_max: int = Field(20, ge=1, le=200)
     k0: int = Field(3, ge=1)
     delta: float = Field(0.05, gt=0, lt=1)
-    stopping_rule: str = "mixture"
+    stopping_rule: str = DEFAULT_RULE
+    futility: bool = DEFAULT_FUTILITY  # also stop once K_max can no longer certify
     sampling_rate: float = Field(0.01, ge=0, le=1)
     review_rate: float = Field(0.1, gt=0, le=1)
     alphas: list[float] = Field(default_factory=lambda: list(DEFAULT_ALPHAS), min_length=1)
@@ -426,7 +427,9 @@ def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
 
 def fewest_samples(task: TaskSettings) -> int:
     """The fewest samples an item of this task can use: unanimous answers from the start."""
-    rule = get_stopping_rule(task.stopping_rule, k0=task.k0, k_max=task.k_max, delta=task.delta)
+    rule = get_stopping_rule(
+        task.stopping_rule, k0=task.k0, k_max=task.k_max, delta=task.delta, futility=task.futility
+    )
     for k in range(1, task.k_max + 1):
         if rule.decide([k]).stop:
             return k

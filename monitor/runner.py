@@ -99,7 +99,9 @@ def build_task(task: TaskSettings, metrics: Metrics) -> TaskRuntime:
     async_only = spec.strip().lower() in _ASYNC_ONLY
     sync: Canonicalizer | None = None if async_only else get_canonicalizer(spec, **options)
 
-    rule = get_stopping_rule(task.stopping_rule, k0=task.k0, k_max=task.k_max, delta=task.delta)
+    rule = get_stopping_rule(
+        task.stopping_rule, k0=task.k0, k_max=task.k_max, delta=task.delta, futility=task.futility
+    )
     return TaskRuntime(task, canonicalizer, rule, client, sync, client_outcomes=OUTCOMES)
 
 

@@ -398,12 +398,18 @@ async def test_missing_token_fails_before_any_port_or_file(tmp_path: Path) -> No
 
 
 def test_fewest_samples_matches_the_mixture_e_value_by_hand() -> None:
-    """Unanimous n answers, uniform prior on [1/2, 1]: E = (2^(n+1) - 1) / (n + 1)."""
+    """Unanimous n answers, uniform prior on [1/2, 1]: E = (2^(n+1) - 1) / (n + 1).
+
+    The default runner-up rule stops at E >= 2/delta; the mixture at E >= 1/delta
+    (one rival when every answer agrees)."""
     for delta in (0.05, 0.01, 0.2):
-        expected = next(n for n in range(1, 100) if (2 ** (n + 1) - 1) / (n + 1) >= 1 / delta)
-        task = load_settings(None, tasks=[{"name": "t", "delta": delta, "k0": 1}]).tasks[0]
-        assert fewest_samples(task) == expected
-    assert fewest_samples(load_settings(None, tasks=[{"name": "t"}]).tasks[0]) == 7
+        for rule, c in (("runner-up", 2), ("mixture", 1)):
+            expected = next(n for n in range(1, 100) if (2 ** (n + 1) - 1) / (n + 1) >= c / delta)
+            task = load_settings(
+                None, tasks=[{"name": "t", "delta": delta, "k0": 1, "stopping_rule": rule}]
+            ).tasks[0]
+            assert fewest_samples(task) == expected
+    assert fewest_samples(load_settings(None, tasks=[{"name": "t"}]).tasks[0]) == 8
     fixed = load_settings(None, tasks=[{"name": "t", "stopping_rule": "fixed", "k_max": 12}])
     assert fewest_samples(fixed.tasks[0]) == 12
 
@@ -411,8 +417,8 @@ def test_fewest_samples_matches_the_mixture_e_value_by_hand() -> None:
 @pytest.mark.parametrize(
     ("events", "rate", "budget", "verdict"),
     [
-        (3.0, 1.0, 600, "cannot fit"),  # 3 items/s x >= 7 samples = 1,260/min > 600
-        (3.0, 1.0, 2_000, "may not fit"),  # 1,260..3,600/min around 2,000
+        (3.0, 1.0, 600, "cannot fit"),  # 3 items/s x >= 8 samples = 1,440/min > 600
+        (3.0, 1.0, 2_000, "may not fit"),  # 1,440..3,600/min around 2,000
         (3.0, 1.0, 3_600, None),  # even k_max = 20 for every item fits
         (3.0, 0.01, 600, None),
         (None, 1.0, 600, None),  # no traffic assumption, nothing to check
@@ -432,9 +438,9 @@ def test_budget_warning_from_expected_traffic(
         return
     assert len(warnings) == 1 and verdict in warnings[0], warnings
     items_per_min = events * rate * 60  # type: ignore[operator]
-    assert f"{items_per_min * 7:,.0f}..{items_per_min * 20:,.0f} calls/min" in warnings[0]
+    assert f"{items_per_min * 8:,.0f}..{items_per_min * 20:,.0f} calls/min" in warnings[0]
     if verdict == "cannot fit":
-        assert f"{1 - budget / (items_per_min * 7):.0%} of the sampled events" in warnings[0]
+        assert f"{1 - budget / (items_per_min * 8):.0%} of the sampled events" in warnings[0]
     else:
         assert f"at most {budget / items_per_min:.1f} samples" in warnings[0]
 

@@ -16,6 +16,7 @@ from monitor.stopping import (
     DEFAULT_RULE,
     HoeffdingRule,
     MixtureRule,
+    RunnerUpRule,
     get_stopping_rule,
     mixture_log_e_value,
 )
@@ -61,10 +62,10 @@ def test_e_value_has_mean_one_under_the_boundary_null(n: int, w1: float) -> None
     assert mean == pytest.approx(1.0, rel=1e-9)
 
 
-def test_default_rule_is_the_mixture() -> None:
-    assert DEFAULT_RULE == "mixture"
+def test_default_rule_is_the_runner_up_rule() -> None:
+    assert DEFAULT_RULE == "runner-up"
     rule = get_stopping_rule(k_max=K_MAX, delta=DELTA)
-    assert isinstance(rule, MixtureRule)
+    assert isinstance(rule, RunnerUpRule) and rule.c == 2.0
 
 
 def test_unanimous_answers_stop_by_seven() -> None:
@@ -102,7 +103,7 @@ def test_wrong_mode_rate_at_most_delta_on_the_grid() -> None:
 
 
 def test_stream_saves_at_least_55_percent() -> None:
-    rule = get_stopping_rule(k_max=K_MAX, delta=DELTA)
+    rule = get_stopping_rule("mixture", k_max=K_MAX, delta=DELTA)
     unanimous = run_stopping_trials(rule, [1.0], 500, np.random.default_rng(1))
     split = run_stopping_trials(rule, [0.6, 0.4], 3000, np.random.default_rng(2))
     mean = 0.9 * unanimous.mean_samples + 0.1 * split.mean_samples

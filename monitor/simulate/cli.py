@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from monitor.errors import ConfigError
-from monitor.stopping import DEFAULT_RULE, available_rules
+from monitor.stopping import DEFAULT_FUTILITY, DEFAULT_RULE, available_rules
 
 __all__ = ["add_simulate_parser"]
 
@@ -169,8 +169,23 @@ def _stopping(args: argparse.Namespace) -> int:
         "delta": args.delta,
         "point_mass": args.point_mass,
         "strict": args.strict,
+        "futility": args.futility == "on",
+        "c": args.c,
         "seed": args.seed,
     }
+    if args.real is not None:
+        from monitor.simulate.real_stopping import load_answer_file, run_real_stopping
+
+        if args.grid or args.dist is not None:
+            raise ConfigError("--real replays its own items; drop --grid and --dist")
+        items = load_answer_file(Path(args.real))
+        trials = args.trials if args.trials is not None else 200
+        return _emit(
+            run_real_stopping(
+                items, k0=args.k0, k_max=args.kmax, delta=args.delta, reps=trials, seed=args.seed
+            ),
+            args,
+        )
     if args.grid:
         if args.dist is not None or args.weights is not None:
             raise ConfigError("--grid runs its own distributions; drop --dist and --weights")
@@ -184,6 +199,14 @@ def _stopping(args: argparse.Namespace) -> int:
         dists, weights=args.weights, trials=trials, compare=args.compare, **settings
     )
     return _emit(result, args)
+
+
+def _alarm(args: argparse.Namespace) -> int:
+    from monitor.simulate.alarm import run_alarm
+
+    opts = _opt(args, tau="target", alpha="alpha_alarm", window="window", streams="streams")
+    opts.update(_opt(args, horizon="horizon"))
+    return _emit(run_alarm(seed=args.seed, **opts), args)
 
 
 # --------------------------------------------------------------------------- parser
@@ -267,6 +290,32 @@ def add_simulate_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     p.add_argument("--point-mass", type=float, help="mixture prior mass at theta=1")
     p.add_argument("--strict", action="store_true", help="allow for K_max - 1 rivals")
-    p.add_argument("--trials", type=_positive, help="trials per distribution (5000; grid 20000)")
+    p.add_argument(
+        "--futility",
+        choices=["on", "off"],
+        default="on" if DEFAULT_FUTILITY else "off",
+        help="also stop once K_max can no longer certify (default: the service's, "
+        + ("on" if DEFAULT_FUTILITY else "off")
+        + ")",
+    )
+    p.add_argument("--c", type=float, help="runner-up rule constant: E >= c/delta (default 2)")
+    p.add_argument(
+        "--real",
+        metavar="FILE",
+        help="replay real answer distributions (bench/data/smollm2_answers.json) "
+        "under every rule x futility setting",
+    )
+    p.add_argument(
+        "--trials", type=_positive, help="trials per distribution (5000; grid 20000; real 200)"
+    )
     p.add_argument("--compare", action="store_true", help="also run the hoeffding rule")
     p.add_argument("--grid", action="store_true", help="run the built-in validation grid")
+
+    p = _add_experiment(
+        sub, "alarm", _alarm, "anytime-valid reliability alarm: false alarms and delay"
+    )
+    p.add_argument("--target", type=_alpha, help="reliability target (default 0.9)")
+    p.add_argument("--alpha-alarm", type=_alpha, help="alarm level (default 0.01)")
+    p.add_argument("--window", type=_positive, help="naive rules' window (default 100)")
+    p.add_argument("--streams", type=_positive, help="simulated streams (default 500)")
+    p.add_argument("--horizon", type=_positive, help="reviewed items per stream (default 3000)")

@@ -65,13 +65,19 @@ def make_rule(
     delta: float,
     point_mass: float | None = None,
     strict: bool = False,
+    futility: bool = False,
+    c: float | None = None,
 ) -> StoppingRule:
-    """The named rule; ``point_mass``/``strict`` are passed only when set."""
+    """The named rule; ``point_mass``/``strict``/``futility``/``c`` passed only when set."""
     options: dict[str, object] = {"k0": k0, "k_max": k_max, "delta": delta}
     if point_mass is not None:
         options["point_mass"] = point_mass
     if strict:
         options["strict"] = True
+    if futility:
+        options["futility"] = True
+    if c is not None:
+        options["c"] = c
     return get_stopping_rule(name, **options)
 
 
@@ -237,6 +243,8 @@ def run_stopping(
     delta: float = 0.05,
     point_mass: float | None = None,
     strict: bool = False,
+    futility: bool = False,
+    c: float | None = None,
     trials: int = 5000,
     seed: int = 0,
     compare: bool = False,
@@ -248,7 +256,14 @@ def run_stopping(
     ds = tuple(_check_dist(d) for d in dists)
     ws = _check_weights(weights, len(ds))
     main_rule = make_rule(
-        rule, k0=k0, k_max=k_max, delta=delta, point_mass=point_mass, strict=strict
+        rule,
+        k0=k0,
+        k_max=k_max,
+        delta=delta,
+        point_mass=point_mass,
+        strict=strict,
+        futility=futility,
+        c=c,
     )
     other = None
     if compare:
@@ -366,12 +381,25 @@ def run_stopping_grid(
     delta: float = 0.05,
     point_mass: float | None = None,
     strict: bool = False,
+    futility: bool = False,
+    c: float | None = None,
     trials: int = 20000,
     seed: int = 0,
 ) -> StoppingGridResult:
     """:data:`GRID` under ``rule`` and ``hoeffding``, on the same draws."""
     _check_trials(trials)
-    rules = [make_rule(rule, k0=k0, k_max=k_max, delta=delta, point_mass=point_mass, strict=strict)]
+    rules = [
+        make_rule(
+            rule,
+            k0=k0,
+            k_max=k_max,
+            delta=delta,
+            point_mass=point_mass,
+            strict=strict,
+            futility=futility,
+            c=c,
+        )
+    ]
     if rules[0].name != COMPARE_RULE:
         rules.append(make_rule(COMPARE_RULE, k0=k0, k_max=k_max, delta=delta))
     dists = [d for _, d in GRID]

@@ -143,6 +143,18 @@ class TaskSettings(_Strict):
     window_size: int = Field(2000, ge=1)
     half_life_s: float | None = Field(3600.0, gt=0)
     expected_events_per_s: float | None = Field(None, ge=0)  # for check-config's budget check
+    # Beyond the paper (all off or neutral by default; docs/beyond-the-paper.md):
+    aci_gamma: float | None = Field(None, gt=0, le=1)  # adaptive alpha for served sets
+    alarm_alpha: float = Field(0.001, gt=0, lt=1)  # e-detector alarm at 1/alarm_alpha
+    review_priority: Literal["uniform", "uncertainty"] = "uniform"
+    review_min_rate: float | None = Field(None, gt=0, le=1)  # pi_min when prioritised
+
+    @property
+    def review_floor(self) -> float:
+        """The smallest review probability an item can get (pi_min)."""
+        if self.review_priority == "uniform":
+            return self.review_rate
+        return self.review_min_rate if self.review_min_rate is not None else self.review_rate / 5
 
     def canonicalizer_spec(self) -> tuple[str, dict[str, Any]]:
         """The canonicalizer to build: ``answer_pattern`` wraps a per-answer one in ``regex``."""
@@ -173,6 +185,11 @@ class TaskSettings(_Strict):
     def _k0_le_kmax(self) -> TaskSettings:
         if self.k0 > self.k_max:
             raise ValueError(f"k0 ({self.k0}) must be <= k_max ({self.k_max})")
+        if self.review_min_rate is not None and self.review_min_rate > self.review_rate:
+            raise ValueError(
+                f"review_min_rate ({self.review_min_rate}) must be <= review_rate "
+                f"({self.review_rate}), the rate of the most uncertain items"
+            )
         return self
 
 

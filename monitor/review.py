@@ -30,6 +30,10 @@ __all__ = [
 ]
 
 
+def _finite_or_inf(value: float) -> float | str:
+    return value if math.isfinite(value) else "inf"
+
+
 @dataclass(frozen=True, slots=True)
 class ReviewItem:
     item_id: str
@@ -41,6 +45,10 @@ class ReviewItem:
     inclusion_probability: float
     sampled_at: float
     """Seconds since the epoch when the item was sampled (its age for decay)."""
+    thresholds: tuple[tuple[float, float], ...] = ()
+    """(alpha, M*(alpha)) in force when the item was scored: its verdict checks them."""
+    aci_threshold: float | None = None
+    """With ACI on, the threshold served at the adaptive alpha_t when it was scored."""
 
     @classmethod
     def from_consensus(
@@ -53,6 +61,8 @@ class ReviewItem:
         consensus: Consensus,
         inclusion_probability: float,
         sampled_at: float,
+        thresholds: tuple[tuple[float, float], ...] = (),
+        aci_threshold: float | None = None,
     ) -> ReviewItem:
         return cls(
             item_id=item_id,
@@ -63,6 +73,8 @@ class ReviewItem:
             k=consensus.k,
             inclusion_probability=inclusion_probability,
             sampled_at=sampled_at,
+            thresholds=thresholds,
+            aci_threshold=aci_threshold,
         )
 
     @property
@@ -74,6 +86,12 @@ class ReviewItem:
         d["candidates"] = [
             {"rank": i + 1, "answer": c, "count": n} for i, (c, n) in enumerate(self.candidates)
         ]
+        # JSON has no infinity: an infinite threshold (the full set) is the string "inf".
+        d["thresholds"] = {f"{a:g}": _finite_or_inf(v) for a, v in self.thresholds}
+        if self.aci_threshold is None:
+            del d["aci_threshold"]
+        else:
+            d["aci_threshold"] = _finite_or_inf(self.aci_threshold)
         return d
 
     @classmethod
@@ -88,6 +106,13 @@ class ReviewItem:
                 k=int(d["k"]),
                 inclusion_probability=float(d["inclusion_probability"]),
                 sampled_at=float(d["sampled_at"]),
+                # Both optional: items written before the self-check existed have none.
+                thresholds=tuple(
+                    sorted((float(a), float(v)) for a, v in dict(d.get("thresholds") or {}).items())
+                ),
+                aci_threshold=(
+                    None if d.get("aci_threshold") is None else float(d["aci_threshold"])
+                ),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise InputError(f"malformed review item: {exc}") from None

@@ -24,9 +24,11 @@ from typing import Any
 
 import structlog
 
+from monitor.alarm import EDetector
 from monitor.canon.base import AsyncCanonicalizer, Canonicalizer, QueryContext
 from monitor.certify import item_rng
 from monitor.config import BudgetSettings, TaskSettings
+from monitor.conformal import aci_update
 from monitor.consensus import Consensus, rank_classes
 from monitor.errors import InputError, ModelCallError
 from monitor.events import TrafficEvent, query_hash, query_text
@@ -41,6 +43,7 @@ from monitor.ports import (
     SystemClock,
     VerdictOutcome,
 )
+from monitor.priority import review_probability
 from monitor.review import (
     ReviewItem,
     TaskProgress,
@@ -82,6 +85,13 @@ class TaskRuntime:
     def alphas(self) -> tuple[float, ...]:
         return tuple(sorted({*self.settings.alphas, self.target_alpha}))
 
+    def review_probability(self, consensus: Consensus) -> float:
+        """pi for this item: the task's rate, or by uncertainty with a floor."""
+        s = self.settings
+        if s.review_priority == "uniform":
+            return s.review_rate
+        return review_probability(consensus, floor=s.review_floor, ceiling=s.review_rate)
+
 
 @dataclass
 class _Job:
@@ -99,6 +109,9 @@ class _WindowState:
     snapshot: WindowSnapshot | None = None
     snapshot_at: float = -1.0
     pending_reviews: int = 0
+    detector: EDetector | None = None
+    aci_alpha: float | None = None
+    """With ACI on: the adaptive alpha_t served for the target's sets."""
 
 
 @dataclass
@@ -184,8 +197,12 @@ class MonitorService:
                     alphas=task.alphas,
                     max_items=s.window_size,
                     half_life_s=s.half_life_s,
-                    min_inclusion_probability=s.review_rate,
-                )
+                    min_inclusion_probability=s.review_floor,
+                ),
+                detector=EDetector(
+                    tau=s.reliability_target, alpha=s.alarm_alpha, pi_min=s.review_floor
+                ),
+                aci_alpha=task.target_alpha if s.aci_gamma is not None else None,
             )
             self.windows[key] = state
         return state
@@ -217,13 +234,18 @@ class MonitorService:
             if task is None:
                 continue  # a task no longer configured
             state = self._state(r.model, task)
-            loaded += state.window.add(r.item_id, r.score, r.inclusion_probability, r.sampled_at)
+            added = state.window.add(r.item_id, r.score, r.inclusion_probability, r.sampled_at)
+            loaded += added
+            if added:
+                self._update_alarm(state, r.score, r.inclusion_probability)
         pending = getattr(self.store, "pending_counts", None)
         if pending is not None:
             for (model, name), count in (await pending()).items():
                 if name in self.tasks:
                     self._state(model, self.tasks[name]).pending_reviews = count
         self.loaded = True
+        for (model, name), state in self.windows.items():
+            self._publish_alarm(model, name, state)
         self.publish()
         log.info("windows_loaded", records=loaded, windows=len(self.windows))
         return loaded
@@ -322,9 +344,15 @@ class MonitorService:
             used = len(answers)
             rng = item_rng(self.seed, f"{task.name}\x00{event.id}")
             consensus = rank_classes(classes, rng)
-            reviewed = bool(rng.random() < task.settings.review_rate)
+            pi = task.review_probability(consensus)
+            reviewed = bool(rng.random() < pi)
             snap = self.snapshot(model, task.name, max_age_s=1.0)
             sizes = {a: set_size(consensus, "rank", snap.thresholds[a]) for a in task.alphas}
+            state = self._state(model, task)
+            aci_threshold = None
+            if state.aci_alpha is not None:  # the served set follows alpha_t
+                aci_threshold = state.window.threshold_at(state.aci_alpha, self.clock.time())
+                sizes[task.target_alpha] = set_size(consensus, "rank", aci_threshold)
             self.metrics.samples_per_item.labels(model, task.name).observe(consensus.k)
             self.metrics.set_size.labels(model, task.name).observe(sizes[task.target_alpha])
             self.metrics.items.labels(model, task.name, "scored").inc()
@@ -333,7 +361,10 @@ class MonitorService:
             )
             self.stats.scored += 1
             if reviewed:
-                await self._route_to_review(job, model, consensus)
+                thresholds = tuple((a, snap.thresholds[a]) for a in task.alphas)
+                await self._route_to_review(
+                    job, model, consensus, pi=pi, thresholds=thresholds, aci_threshold=aci_threshold
+                )
             log.info(
                 "item",
                 item=event.id,
@@ -356,7 +387,16 @@ class MonitorService:
             if not job.done.done():
                 job.done.set_result(None)
 
-    async def _route_to_review(self, job: _Job, model: str, consensus: Consensus) -> None:
+    async def _route_to_review(
+        self,
+        job: _Job,
+        model: str,
+        consensus: Consensus,
+        *,
+        pi: float,
+        thresholds: tuple[tuple[float, float], ...] = (),
+        aci_threshold: float | None = None,
+    ) -> None:
         task, event = job.task, job.event
         item = ReviewItem.from_consensus(
             item_id=f"{task.name}:{event.id}",
@@ -364,8 +404,10 @@ class MonitorService:
             task=task.name,
             query=redact(query_text(event.request)),
             consensus=consensus,
-            inclusion_probability=task.settings.review_rate,
+            inclusion_probability=pi,
             sampled_at=job.sampled_at,
+            thresholds=thresholds,
+            aci_threshold=aci_threshold,
         )
         store: object = self.store
         if store is not self.review_queue:  # the SQLite store is both
@@ -459,6 +501,9 @@ class MonitorService:
         self.metrics.top_answers.labels(item.model, item.task, top).inc(
             1.0 / item.inclusion_probability
         )
+        self._self_check(item, score, task, state)
+        self._update_alarm(state, score, item.inclusion_probability)
+        self._publish_alarm(item.model, item.task, state)
         self.stats.verdicts += 1
         state.snapshot = None
         self.metrics.publish(
@@ -484,6 +529,48 @@ class MonitorService:
                 )
             )
         return out
+
+    def _self_check(
+        self, item: ReviewItem, score: float, task: TaskRuntime, state: _WindowState
+    ) -> None:
+        """The guarantee checked live: was the score within the threshold in force when
+        the item was scored? Weighted 1/pi like the SLI, so that 1 - misses/checks
+        estimates the coverage of traffic, not of the (possibly prioritised) reviews."""
+        weight = 1.0 / item.inclusion_probability
+        known = set(task.alphas)
+        for alpha, threshold in item.thresholds:
+            if alpha not in known:
+                continue  # an alpha no longer configured (no pre-created series)
+            label = f"{alpha:g}"
+            self.metrics.coverage_checks.labels(item.model, item.task, label).inc(weight)
+            if score > threshold:
+                self.metrics.coverage_misses.labels(item.model, item.task, label).inc(weight)
+        gamma = task.settings.aci_gamma
+        if gamma is not None and state.aci_alpha is not None and item.aci_threshold is not None:
+            state.aci_alpha = aci_update(
+                state.aci_alpha, task.target_alpha, score > item.aci_threshold, gamma
+            )
+
+    @staticmethod
+    def _update_alarm(state: _WindowState, score: float, pi: float) -> None:
+        if state.detector is None:
+            return
+        try:
+            state.detector.update(score <= 1.0, pi)
+        except ValueError:
+            # A record reviewed under an older, lower floor: it cannot be weighted
+            # validly against the current floor, so it does not enter the alarm.
+            return
+
+    def _publish_alarm(self, model: str, task: str, state: _WindowState) -> None:
+        if state.detector is None:
+            return
+        self.metrics.reliability_alarm_evalue.labels(model, task).set(state.detector.value)
+        self.metrics.reliability_alarm.labels(model, task).set(1.0 if state.detector.alarm else 0.0)
+
+    def aci_alpha(self, model: str, task_name: str) -> float | None:
+        """The adaptive alpha_t served for the target's sets (None when ACI is off)."""
+        return self._state(model, self.tasks[task_name]).aci_alpha
 
     @property
     def in_flight(self) -> int:

@@ -143,6 +143,30 @@ class CalibrationWindow:
         """Add many (item_id, score, pi, t); returns how many were new."""
         return sum(self.add(*r) for r in records)
 
+    def threshold_at(self, alpha: float, now: float) -> float:
+        """M* at any ``alpha`` (the adaptive alpha_t of ACI may leave (0, 1)).
+
+        ``alpha <= 0`` is the full set (``inf``); ``alpha >= 1`` the empty set (0).
+        """
+        if alpha <= 0.0:
+            return math.inf
+        if alpha >= 1.0:
+            return 0.0
+        if self.half_life_s is None or self._t_ref is None:
+            f = 1.0
+        else:
+            f = 2.0 ** (-(now - self._t_ref) / self.half_life_s)
+        values = sorted(v for v, m in self._mass.items() if m > 0)
+        denominator = sum(self._mass[v] for v in values) + (
+            self.test_weight / f if f > 0 else math.inf
+        )
+        cumulative = 0.0
+        for v in values:
+            cumulative += self._mass[v]
+            if cumulative / denominator >= 1.0 - alpha - 1e-10:
+                return v
+        return math.inf
+
     def snapshot(self, now: float) -> WindowSnapshot:
         """Thresholds, reliability level, bound and n_eff as of ``now``."""
         n = len(self._entries)

@@ -201,6 +201,25 @@ def _stopping(args: argparse.Namespace) -> int:
     return _emit(result, args)
 
 
+def _drift(args: argparse.Namespace) -> int:
+    from monitor.simulate.drift import run_drift
+
+    opts = _opt(args, alpha="alpha", gamma="gamma", reps="reps", half_life="half_life")
+    try:
+        return _emit(run_drift(seed=args.seed, **opts), args)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _priority(args: argparse.Namespace) -> int:
+    from monitor.simulate.priority import MIXES, run_priority
+
+    if args.mix is not None and (bad := [m for m in args.mix if m not in MIXES]):
+        raise ConfigError(f"unknown mix {bad[0]!r}; available: {', '.join(MIXES)}")
+    opts = _opt(args, mixes="mix", budgets="reviews", reps="reps", alpha="alpha")
+    return _emit(run_priority(seed=args.seed, **opts), args)
+
+
 def _alarm(args: argparse.Namespace) -> int:
     from monitor.simulate.alarm import run_alarm
 
@@ -310,6 +329,20 @@ def add_simulate_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     p.add_argument("--compare", action="store_true", help="also run the hoeffding rule")
     p.add_argument("--grid", action="store_true", help="run the built-in validation grid")
+
+    p = _add_experiment(
+        sub, "drift", _drift, "live self-check under drift: decay window alone vs with ACI"
+    )
+    p.add_argument("--alpha", type=_alpha, help="miscoverage (default 0.1)")
+    p.add_argument("--gamma", type=_alpha, help="ACI step (default 0.01)")
+    p.add_argument("--half-life", type=float, help="window half-life in items (default 1000)")
+    p.add_argument("--reps", type=_positive, help="repetitions (default 10)")
+
+    p = _add_experiment(sub, "priority", _priority, "uncertainty-prioritised vs uniform review")
+    p.add_argument("--mix", action="append", help="difficulty mix (repeatable; default all)")
+    p.add_argument("--reviews", type=_positive, action="append", help="review budget (repeatable)")
+    p.add_argument("--alpha", type=_alpha, help="miscoverage (default 0.1)")
+    p.add_argument("--reps", type=_positive, help="repetitions (default 100)")
 
     p = _add_experiment(
         sub, "alarm", _alarm, "anytime-valid reliability alarm: false alarms and delay"

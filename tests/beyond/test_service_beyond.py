@@ -179,7 +179,7 @@ async def test_prioritised_review_probabilities_come_from_the_margin() -> None:
     await service.stop(5)
     assert 20 < len(applied) < 150
     total = 0.0
-    for item, score in applied:
+    for item, _score in applied:
         c = item.consensus
         expected = 0.1 + 0.8 * (1 - c.margin)
         assert item.inclusion_probability == pytest.approx(expected)

@@ -156,14 +156,15 @@ class Metrics:
         self.coverage_checks = Counter(
             "relmon_coverage_checks",
             "Applied verdicts checked against the threshold M*(alpha) in force when the item "
-            "was scored.",
+            "was scored, each weighted 1/pi (its inverse review probability).",
             (*mt, "alpha"),
             registry=registry,
         )
         self.coverage_misses = Counter(
             "relmon_coverage_misses",
             "Applied verdicts whose score exceeded the threshold M*(alpha) in force when the "
-            "item was scored (the served set missed). Realised coverage = 1 - misses/checks.",
+            "item was scored (the served set missed), weighted 1/pi. Realised coverage = "
+            "1 - misses/checks.",
             (*mt, "alpha"),
             registry=registry,
         )

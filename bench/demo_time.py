@@ -17,6 +17,11 @@ for a new user, not from a local wheelhouse. The demo listens on free ports
     python3 bench/demo_time.py                      # cold then warm, this checkout's HEAD
     python3 bench/demo_time.py --mode warm --repo https://example.org/relmon.git
 
+Where the package index (or a proxy in front of it) marks its answers uncacheable, pip
+stores nothing and ``warm`` downloads again; the report shows the cache size. To time an
+install without any download, use ``--mode warm --local-pip-config`` on a machine whose
+pip configuration points at a local wheelhouse.
+
 This is a measurement, not a test: the numbers depend on the network and the machine.
 It needs only Python 3.11, git and make (it imports nothing from relmon).
 """
@@ -221,7 +226,8 @@ def main() -> int:
             print(f"   first calibrated level     {r.first_calibrated_s} s  (n >= 1)")
             print(f"   pip errors                 {r.pip_errors or 'none'}")
             if r.pip_cache_mb is not None:
-                print(f"   pip cache after the run    {r.pip_cache_mb} MB")
+                note = "" if r.pip_cache_mb else " (pip stored nothing: answers not cacheable)"
+                print(f"   pip cache after the run    {r.pip_cache_mb} MB{note}")
             if not r.ok:
                 print("   FAILED; last lines of make demo:\n" + r.log_tail)
     return 0 if all(r.ok for r in results) else 1

@@ -201,6 +201,13 @@ class KafkaCalibrationStore:
             item = items.get(verdict.item_id)
             if item is None:
                 self.unknown_verdicts += 1
+                log.warning(
+                    "kafka.verdict_for_unknown_item",
+                    item_id=verdict.item_id,
+                    topic=record.topic,
+                    partition=record.partition,
+                    offset=record.offset,
+                )
                 continue
             if verdict.item_id in verdicted:
                 self.duplicate_verdicts += 1
@@ -281,6 +288,13 @@ class KafkaCalibrationStore:
 
 
 async def _read_to_end(consumer: Any, topics: Sequence[str]) -> dict[Any, list[Any]]:
+    """Every record of ``topics``, read until the log is really exhausted.
+
+    The reported end offset is only a lower bound: some brokers (Tansu 0.6) under-report it
+    after a multi-record batch, and trusting it lost verdicts. A partition is done when its
+    position has reached a freshly asked end offset *and* a fetch at that position came back
+    empty; records past the first reported end are kept, not cut off.
+    """
     await consumer.topics()  # refresh metadata without creating topics
     tps = [
         TopicPartition(topic, p)
@@ -291,16 +305,18 @@ async def _read_to_end(consumer: Any, topics: Sequence[str]) -> dict[Any, list[A
     if not tps:
         return out
     consumer.assign(tps)
-    end = await consumer.end_offsets(tps)
-    remaining = {tp for tp in tps if end[tp] > 0}
-    for tp in remaining:
+    for tp in tps:
         consumer.seek(tp, 0)  # below the log start: auto_offset_reset="earliest" moves up
+    remaining = set(tps)
     while remaining:
         batch = await consumer.getmany(*remaining, timeout_ms=200)
         for tp, records in batch.items():
-            stop = end[tp]
-            out[tp].extend(r for r in records if r.offset < stop)
-        for tp in list(remaining):
+            out[tp].extend(records)
+        idle = [tp for tp in remaining if not batch.get(tp)]
+        if not idle:
+            continue
+        end = await consumer.end_offsets(idle)
+        for tp in idle:
             if await consumer.position(tp) >= end[tp]:
                 remaining.discard(tp)
     return out

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from adapters.kafka_review import (
     KafkaCalibrationStore,
@@ -238,5 +238,37 @@ async def test_calibration_store_with_empty_or_missing_topics(kafka_bootstrap: s
     reviews = await new_topic(kafka_bootstrap, "reviews")
     store = KafkaCalibrationStore(kafka_bootstrap, reviews, unique("no-such-topic"), verdict_score)
     assert await store.load_records() == []
+    assert store.pending_item_ids() == set()
+    await store.aclose()
+
+
+async def test_replay_keeps_verdicts_past_an_under_reported_end_offset(
+    kafka_bootstrap: str, producer: AIOKafkaProducer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A broker may report end offset 1 after a 5-record batch: no verdict may be lost."""
+    reviews = await new_topic(kafka_bootstrap, "reviews")
+    verdicts = await new_topic(kafka_bootstrap, "verdicts")
+    queue = KafkaReviewQueue(producer, reviews)
+    items = [item(n) for n in range(5)]
+    for it in items:
+        await queue.submit(it)
+    # The five verdicts go out as one batch (sent together, then flushed once).
+    futures = [
+        await producer.send(verdicts, verdict(it.item_id, 1), key=it.item_id.encode())
+        for it in items
+    ]
+    await producer.flush()
+    await asyncio.gather(*futures)
+
+    real = AIOKafkaConsumer.end_offsets
+
+    async def under_reported(self: AIOKafkaConsumer, partitions: Any) -> dict[Any, int]:
+        return {tp: min(end, 1) for tp, end in (await real(self, partitions)).items()}
+
+    monkeypatch.setattr(AIOKafkaConsumer, "end_offsets", under_reported)
+    store = KafkaCalibrationStore(kafka_bootstrap, reviews, verdicts, verdict_score)
+    records = await store.load_records()
+    assert sorted(r.item_id for r in records) == sorted(it.item_id for it in items)
+    assert store.unknown_verdicts == 0
     assert store.pending_item_ids() == set()
     await store.aclose()

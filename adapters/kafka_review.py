@@ -2,13 +2,23 @@
 
 - :class:`KafkaReviewQueue` writes each review item (``ReviewItem.to_json()``, key = the
   item id) to the review topic and returns once the brokers acknowledged it (acks=all).
-- :class:`KafkaVerdictConsumer` reads the verdict topic in a consumer group, hands each
-  valid verdict to the service and dead-letters malformed ones; offsets are committed
-  only after the handler returned (verdicts are idempotent by item id, so a re-delivery
-  after a crash is harmless).
 - :class:`KafkaCalibrationStore` is a :class:`monitor.ports.CalibrationStore` whose
-  durable state *is* the two topics: at start it replays both from the beginning and
-  rebuilds the scored verdicts; afterwards it keeps items and verdicted ids in memory.
+  durable state *is* the topics: at start it replays the review topic, the verdict
+  topic and the verdicts' dead-letter topic from the beginning and rebuilds the scored
+  verdicts; afterwards it keeps items and verdicted ids in memory.
+- :class:`adapters.kafka_verdicts.KafkaVerdictConsumer` follows those three topics from
+  where the replay stopped, without a consumer group and without commits: every
+  replica reads every review item and every verdict, so all replicas hold the same
+  calibration. A verdict whose review item is known is handed to the service; one
+  whose item has not arrived yet waits for it (``wait_s``), then goes to the
+  dead-letter topic with its reason, a log line and ``reject("unknown", reason)``; a
+  malformed one goes there at once (``reject("invalid", reason)``).
+
+A dead-lettered verdict is final: its partition and offset are in the dead letter's
+headers, and a verdict found there is skipped, live and on replay, so a restart
+neither applies it nor dead-letters it again (to apply it after all, produce it to the
+verdict topic again once its item exists). With several replicas each may dead-letter
+the same verdict once; the ``relmon-source-*`` headers tell the copies apart.
 
 Verdicts should be keyed by item id so that every verdict of an item lands in one
 partition: "the first verdict wins" then means the same thing live and on replay.
@@ -18,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -25,21 +36,24 @@ import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 
-from adapters.kafka_source import KafkaConsumerBase, KafkaUnavailableError
+from adapters.kafka_source import KafkaUnavailableError
 from monitor.errors import ConfigError, InputError
-from monitor.ports import CalibrationRecord, VerdictHandler
+from monitor.ports import CalibrationRecord
 from monitor.review import ReviewItem, Verdict, parse_verdict
 
 __all__ = [
+    "TOO_DEEP",
     "KafkaCalibrationStore",
     "KafkaReviewQueue",
-    "KafkaVerdictConsumer",
     "durable_producer",
+    "review_item_of",
 ]
 
 log = structlog.get_logger(__name__)
 
 _ACKS_ALL = -1
+TOO_DEEP = "verdict is not valid JSON: nested too deeply"
+"""The reject reason of a verdict nested beyond json's limit."""
 
 
 def durable_producer(bootstrap_servers: str, **options: Any) -> Any:
@@ -85,76 +99,24 @@ class KafkaReviewQueue:
         """Tell the queue an item got its verdict (the verdict consumer calls this)."""
         self._pending.discard(item_id)
 
-
-class KafkaVerdictConsumer(KafkaConsumerBase):
-    """Verdicts from a Kafka topic, handed one by one, in order, to ``handler``.
-
-    A malformed verdict goes to ``dlq_topic`` and is counted with
-    ``reject("verdicts", reason)``. When ``review_queue`` is given it is told about
-    every verdict the handler applied or already had, to keep its depth.
-    """
-
-    source_name = "verdicts"
-
-    def __init__(  # noqa: PLR0917 (the documented positional signature)
-        self,
-        bootstrap_servers: str,
-        verdict_topic: str,
-        group_id: str,
-        handler: VerdictHandler,
-        dlq_topic: str,
-        reject: Callable[[str, str], None],
-        *,
-        commit_interval_s: float = 1.0,
-        review_queue: KafkaReviewQueue | None = None,
-        producer_options: Mapping[str, Any] | None = None,
-        **consumer_options: Any,
-    ) -> None:
-        super().__init__(
-            bootstrap_servers,
-            verdict_topic,
-            group_id,
-            dlq_topic,
-            reject,
-            commit_interval_s=commit_interval_s,
-            producer_options=producer_options,
-            consumer_options=consumer_options,
-        )
-        self._handler = handler
-        self._queue = review_queue
-
-    async def _process(self, tp: Any, records: Sequence[Any]) -> None:
-        st = self._progress(tp)
-        if st is None:
-            return
-        for record in records:
-            try:
-                verdict = parse_verdict(record.value)
-            except InputError as exc:
-                await self._dead_letter(st, record, str(exc))
-                if self._failure is not None:
-                    return
-            except RecursionError:  # parse_verdict lets json's nesting limit through
-                await self._dead_letter(st, record, "verdict is not valid JSON: nested too deeply")
-                if self._failure is not None:
-                    return
-            else:
-                outcome = await self._handler(verdict)
-                if self._queue is not None and outcome.status in ("applied", "duplicate"):
-                    self._queue.verdict_seen(verdict.item_id)
-            if self._parts.get(tp) is not st:
-                return  # revoked meanwhile: the new owner re-reads from the commit
-            st.next_offset = record.offset + 1
+    def item_seen(self, item_id: str) -> None:
+        """An item waiting for a verdict that this queue did not submit (replayed, or
+        published by another replica)."""
+        self._pending.add(item_id)
 
 
 class KafkaCalibrationStore:
     """A calibration store whose durable log is the review and verdict topics.
 
-    :meth:`load_records` replays both topics up to their end offsets at call time; it
-    counts what it could not use in ``invalid_records`` (unparseable items or verdicts,
-    ranks above the candidates), ``unknown_verdicts`` and ``duplicate_verdicts``.
+    :meth:`load_records` replays the topics to their ends; it counts what it could not
+    use in ``invalid_records`` (unparseable items or verdicts, ranks above the
+    candidates), ``unknown_verdicts`` (no review item yet: handed to the verdict
+    consumer in ``waiting``, which waits for the item), ``duplicate_verdicts`` and
+    ``dead_lettered_verdicts`` (refused before, skipped). Malformed verdicts not yet
+    dead-lettered are left in ``unreadable`` for the verdict consumer to dead-letter.
     ``score(item, verdict)`` turns a verdict into the item's score (e.g.
     :func:`monitor.review.verdict_score` with the task's canonicalizer).
+    ``dead_letter_topic`` is where refused verdicts go (replayed to know which).
     """
 
     def __init__(
@@ -164,43 +126,68 @@ class KafkaCalibrationStore:
         verdict_topic: str,
         score: Callable[[ReviewItem, Verdict], float],
         *,
+        dead_letter_topic: str | None = None,
         replay_timeout_s: float = 120.0,
         **consumer_options: Any,
     ) -> None:
-        self._bootstrap = bootstrap_servers
-        self._review_topic = review_topic
-        self._verdict_topic = verdict_topic
+        self.bootstrap_servers = bootstrap_servers
+        self.review_topic = review_topic
+        self.verdict_topic = verdict_topic
+        self.dead_letter_topic = dead_letter_topic
+        self.consumer_options = consumer_options
         self._score = score
         self._replay_timeout_s = replay_timeout_s
-        self._consumer_options = consumer_options
         self._items: dict[str, ReviewItem] = {}
         self._verdicted: set[str] = set()
+        self._dead_lettered: set[tuple[int, int]] = set()
+        self.positions: dict[TopicPartition, int] = {}
+        """Where the replay stopped, per partition: the verdict consumer goes on from there."""
+        self.waiting: list[tuple[Any, Verdict]] = []
+        self.unreadable: list[tuple[Any, str]] = []
         self.invalid_records = 0
         self.unknown_verdicts = 0
         self.duplicate_verdicts = 0
+        self.dead_lettered_verdicts = 0
+
+    @property
+    def topics(self) -> list[str]:
+        """The topics replayed and then followed: review, verdict, dead letters."""
+        out = [self.review_topic, self.verdict_topic]
+        return out if self.dead_letter_topic is None else [*out, self.dead_letter_topic]
 
     async def load_records(self) -> list[CalibrationRecord]:
         """Every scored verdict in the topics, in verdict order (oldest first)."""
-        logs = await self._replay([self._review_topic, self._verdict_topic])
+        logs, self.positions = await self._replay(self.topics)
         items: dict[str, ReviewItem] = {}
-        for record in _in_order(logs, self._review_topic):
-            try:
-                reviewed = ReviewItem.from_json(json.loads(record.value))
-            except (InputError, ValueError, TypeError, RecursionError):
+        for record in _in_order(logs, self.review_topic):
+            reviewed = review_item_of(record)
+            if reviewed is None:
                 self.invalid_records += 1
                 continue
             items.setdefault(reviewed.item_id, reviewed)
+        if self.dead_letter_topic is not None:
+            for record in _in_order(logs, self.dead_letter_topic):
+                self.note_dead_letter(record)
         verdicted: set[str] = set()
         out: list[CalibrationRecord] = []
-        for record in _in_order(logs, self._verdict_topic):
+        for record in _in_order(logs, self.verdict_topic):
+            if self.is_dead_lettered(record):
+                self.dead_lettered_verdicts += 1
+                continue
             try:
                 verdict = parse_verdict(record.value)
-            except (InputError, RecursionError):
+            except InputError as exc:
                 self.invalid_records += 1
+                self.unreadable.append((record, str(exc)))
+                continue
+            except RecursionError:  # parse_verdict lets json's nesting limit through
+                self.invalid_records += 1
+                self.unreadable.append((record, TOO_DEEP))
                 continue
             item = items.get(verdict.item_id)
             if item is None:
                 self.unknown_verdicts += 1
+                self.waiting.append((record, verdict))
                 log.warning(
                     "kafka.verdict_for_unknown_item",
                     item_id=verdict.item_id,
@@ -234,7 +221,8 @@ class KafkaCalibrationStore:
             "kafka.calibration_replayed",
             items=len(items),
             records=len(out),
-            unknown_verdicts=self.unknown_verdicts,
+            waiting_verdicts=len(self.waiting),
+            dead_lettered_verdicts=self.dead_lettered_verdicts,
             invalid_records=self.invalid_records,
         )
         return out
@@ -242,6 +230,21 @@ class KafkaCalibrationStore:
     async def save_review_item(self, item: ReviewItem) -> None:
         """Memory only: :class:`KafkaReviewQueue` already wrote the item to its topic."""
         self._items[item.item_id] = item
+
+    def add_item(self, item: ReviewItem) -> bool:
+        """An item read from the review topic; True if it was not known before."""
+        if item.item_id in self._items:
+            return False
+        self._items[item.item_id] = item
+        return True
+
+    def discard_review_item(self, item_id: str) -> None:
+        """Forget an item whose publication failed."""
+        if item_id not in self._verdicted:
+            self._items.pop(item_id, None)
+
+    def has_review_item(self, item_id: str) -> bool:
+        return item_id in self._items
 
     async def get_review_item(self, item_id: str) -> ReviewItem | None:
         return self._items.get(item_id)
@@ -257,16 +260,38 @@ class KafkaCalibrationStore:
         """Items known from the review topic or saved since, still without a verdict."""
         return set(self._items) - self._verdicted
 
+    async def pending_counts(self) -> dict[tuple[str, str], int]:
+        """Items waiting for a verdict per ``(model, task)`` (the queue-depth gauge)."""
+        counts: Counter[tuple[str, str]] = Counter()
+        for item_id, item in self._items.items():
+            if item_id not in self._verdicted:
+                counts[item.model, item.task] += 1
+        return dict(counts)
+
+    def note_dead_letter(self, record: Any) -> None:
+        """A record of the dead-letter topic: remember it if it was one of our verdicts."""
+        key = _dead_letter_key(record, self.verdict_topic)
+        if key is not None:
+            self._dead_lettered.add(key)
+
+    def mark_dead_lettered(self, partition: int, offset: int) -> None:
+        self._dead_lettered.add((partition, offset))
+
+    def is_dead_lettered(self, record: Any) -> bool:
+        return (record.partition, record.offset) in self._dead_lettered
+
     async def aclose(self) -> None:
         self._items.clear()
         self._verdicted.clear()
 
-    async def _replay(self, topics: Sequence[str]) -> dict[Any, list[Any]]:
-        """All records of ``topics`` up to their end offsets now, by partition."""
+    async def _replay(
+        self, topics: Sequence[str]
+    ) -> tuple[dict[Any, list[Any]], dict[TopicPartition, int]]:
+        """All records of ``topics`` up to their ends now, by partition, and the positions."""
         consumer = AIOKafkaConsumer(
-            bootstrap_servers=self._bootstrap,
+            bootstrap_servers=self.bootstrap_servers,
             **{
-                **self._consumer_options,
+                **self.consumer_options,
                 "group_id": None,
                 "enable_auto_commit": False,
                 "auto_offset_reset": "earliest",
@@ -287,8 +312,30 @@ class KafkaCalibrationStore:
             await consumer.stop()
 
 
-async def _read_to_end(consumer: Any, topics: Sequence[str]) -> dict[Any, list[Any]]:
-    """Every record of ``topics``, read until the log is really exhausted.
+def review_item_of(record: Any) -> ReviewItem | None:
+    """The review item a record of the review topic holds (None if it holds none)."""
+    try:
+        return ReviewItem.from_json(json.loads(record.value))
+    except (InputError, ValueError, TypeError, RecursionError):
+        return None
+
+
+def _dead_letter_key(record: Any, verdict_topic: str) -> tuple[int, int] | None:
+    """``(partition, offset)`` of the verdict a dead letter holds, if it holds one."""
+    headers = {k: v for k, v in record.headers or ()}
+    if headers.get("relmon-source-topic") != verdict_topic.encode():
+        return None
+    try:
+        return int(headers["relmon-source-partition"]), int(headers["relmon-source-offset"])
+    except (KeyError, ValueError):
+        return None
+
+
+async def _read_to_end(
+    consumer: Any, topics: Sequence[str]
+) -> tuple[dict[Any, list[Any]], dict[TopicPartition, int]]:
+    """Every record of ``topics``, read until the log is really exhausted, and the
+    position reached in each partition.
 
     The reported end offset is only a lower bound: some brokers (Tansu 0.6) under-report it
     after a multi-record batch, and trusting it lost verdicts. A partition is done when its
@@ -303,7 +350,7 @@ async def _read_to_end(consumer: Any, topics: Sequence[str]) -> dict[Any, list[A
     ]
     out: dict[Any, list[Any]] = {tp: [] for tp in tps}
     if not tps:
-        return out
+        return out, {}
     consumer.assign(tps)
     for tp in tps:
         consumer.seek(tp, 0)  # below the log start: auto_offset_reset="earliest" moves up
@@ -319,7 +366,7 @@ async def _read_to_end(consumer: Any, topics: Sequence[str]) -> dict[Any, list[A
         for tp in idle:
             if await consumer.position(tp) >= end[tp]:
                 remaining.discard(tp)
-    return out
+    return out, {tp: await consumer.position(tp) for tp in tps}
 
 
 def _in_order(logs: Mapping[Any, Collection[Any]], topic: str) -> list[Any]:

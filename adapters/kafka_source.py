@@ -4,14 +4,23 @@
 :func:`parse_event_bytes` (``monitor.events.parse_event`` with msgspec's faster JSON
 decoder in front, same results) and offers it to the service (``sink(event, "kafka")``).
 A malformed record is produced to a dead-letter topic with its original value and key
-and the headers ``relmon-error`` (the reason, never payload text),
-``relmon-source-topic``, ``relmon-source-partition`` and ``relmon-source-offset``.
+and the headers ``relmon-error`` (the reason, never payload text), ``relmon-stream``
+(``traffic``), ``relmon-source-topic``, ``relmon-source-partition`` and
+``relmon-source-offset``.
 
 Offsets are committed only for work that is finished (at-least-once)::
 
-    skipped / dropped / rejected   done at once
+    skipped / duplicate            done at once (a duplicate still running: when it is)
     sampled                        done when ``admission.done`` resolves (any outcome)
     malformed                      done when the dead-letter record is acknowledged
+    busy (no budget)               not done: held, offered again later
+
+Backpressure: the events are already durable in Kafka, so the source never drops one
+for lack of budget. When the sink answers ``busy`` (give it ``service.offer`` with
+``wait=True``) the partition is paused (``consumer.pause``) with the record and the
+rest of its batch held in memory; before every fetch the held records are offered
+again, and once they all went the partition is resumed. The events are thus admitted
+at the budget's pace, and the committed offset never passes one not yet offered.
 
 Per partition the committed offset is the first offset that is not done yet (or one
 past the last record seen when all are done), so a restart re-delivers exactly the
@@ -114,11 +123,15 @@ class KafkaUnavailableError(RelmonError):
 
 
 def dead_letter_headers(
-    reason: str, topic: str, partition: int, offset: int
+    reason: str, topic: str, partition: int, offset: int, stream: str = "traffic"
 ) -> list[tuple[str, bytes]]:
-    """The headers of a dead-letter record (the reason is cut to a few hundred chars)."""
+    """The headers of a dead-letter record (the reason is cut to a few hundred chars).
+
+    ``relmon-stream`` names what the record was: ``traffic`` (an event) or ``verdicts``.
+    """
     return [
         ("relmon-error", reason[:_MAX_REASON_CHARS].encode("utf-8", "replace")),
+        ("relmon-stream", stream.encode()),
         ("relmon-source-topic", topic.encode()),
         ("relmon-source-partition", str(partition).encode()),
         ("relmon-source-offset", str(offset).encode()),
@@ -176,6 +189,8 @@ class KafkaConsumerBase:
     """
 
     source_name = "kafka"
+    stream = "traffic"
+    """The ``relmon-stream`` header of this consumer's dead letters."""
 
     def __init__(
         self,
@@ -263,6 +278,7 @@ class KafkaConsumerBase:
             while not self._stopping.is_set():
                 if self._failure is not None:
                     raise self._failure
+                await self._before_poll()
                 batch = await consumer.getmany(timeout_ms=poll_ms)
                 for tp, records in batch.items():
                     if records:
@@ -336,10 +352,13 @@ class KafkaConsumerBase:
                 if inner is not None:
                     await inner.close()
 
-    # -- subclass hook -----------------------------------------------------------------
+    # -- subclass hooks ----------------------------------------------------------------
 
     async def _process(self, tp: Any, records: Sequence[Any]) -> None:
         raise NotImplementedError
+
+    async def _before_poll(self) -> None:
+        """Called before every fetch (and at least every 250 ms)."""
 
     # -- offsets -----------------------------------------------------------------------
 
@@ -391,7 +410,9 @@ class KafkaConsumerBase:
         """Produce ``record`` to the dead-letter topic; its offset is done once acked."""
         self._reject(self.source_name, reason)
         value = record.value
-        headers = dead_letter_headers(reason, record.topic, record.partition, record.offset)
+        headers = dead_letter_headers(
+            reason, record.topic, record.partition, record.offset, self.stream
+        )
         if value is not None and len(value) > self._dlq_max_value_bytes:
             headers.append(("relmon-value-truncated-from", str(len(value)).encode()))
             value = value[: self._dlq_max_value_bytes]
@@ -462,26 +483,68 @@ class KafkaEventSource(KafkaConsumerBase):
         self.source_name = source_name
         self._sink = sink
         self._max_event_bytes = max_event_bytes
+        self._held: dict[Any, deque[Any]] = {}
+        """Records of paused partitions not offered yet (the service was busy), in order."""
 
     async def _process(self, tp: Any, records: Sequence[Any]) -> None:
         st = self._progress(tp)
         if st is None:
             return
+        held = self._held.get(tp)
+        if held is not None:  # fetched before the pause took effect: keep the order
+            held.extend(records)
+            return
+        await self._offer_all(tp, st, records)
+
+    async def _offer_all(self, tp: Any, st: PartitionProgress, records: Sequence[Any]) -> None:
+        """Offer ``records`` in order; at the first ``busy`` one, hold it and the rest and
+        pause the partition (its offset stays uncommitted until they are offered)."""
         parse = parse_event_bytes
         sink = self._sink
         name = self.source_name
         max_bytes = self._max_event_bytes
         pending = st.pending
-        for record in records:
+        for i, record in enumerate(records):
             try:
                 event = parse(record.value, max_bytes)
             except InputError as exc:
                 await self._dead_letter(st, record, str(exc))
             else:
-                done = sink(event, name).done
+                admission = sink(event, name)
+                if admission.decision == "busy":
+                    self._hold(tp, st, records[i:])
+                    return
+                done = admission.done
                 if done is not None and not done.done():
                     pending.append((record.offset, done))
                 continue
             if self._failure is not None or self._parts.get(tp) is not st:
                 return  # failing, or revoked while sending (the new owner takes over)
         st.next_offset = records[-1].offset + 1
+
+    def _hold(self, tp: Any, st: PartitionProgress, records: Sequence[Any]) -> None:
+        if not self._held:
+            log.info("kafka.paused", topic=self._topic, reason="budget")
+        self._held[tp] = deque(records)
+        st.next_offset = records[0].offset
+        self._consumer.pause(tp)
+
+    async def _before_poll(self) -> None:
+        """Offer the held records again; resume each partition whose records all went."""
+        if not self._held:
+            return
+        for tp in list(self._held):
+            records = self._held.pop(tp)
+            st = self._parts.get(tp)
+            if st is None:
+                continue  # revoked: the new owner reads them from the committed offset
+            await self._offer_all(tp, st, list(records))
+            if tp not in self._held and tp in self._consumer.assignment():
+                self._consumer.resume(tp)
+        if not self._held:
+            log.info("kafka.resumed", topic=self._topic)
+
+    async def _on_revoked(self, revoked: Collection[Any]) -> None:
+        await super()._on_revoked(revoked)
+        for tp in revoked:
+            self._held.pop(tp, None)

@@ -285,6 +285,23 @@ class SqliteStore:
             )
         )
 
+    async def recent_item_ids(self, limit: int) -> list[str]:
+        """The ids of the last ``limit`` stored review items, oldest first.
+
+        The service remembers them at start, so that an event seen again after a restart
+        (a repeated ``X-Request-Id``) is not asked and reviewed a second time.
+        """
+
+        def get() -> list[str]:
+            rows = (
+                self._connection()
+                .execute("SELECT item_id FROM review_items ORDER BY rowid DESC LIMIT ?", (limit,))
+                .fetchall()
+            )
+            return [str(r[0]) for r in reversed(rows)]
+
+        return await self._run(get)
+
     async def pending_counts(self) -> dict[tuple[str, str], int]:
         """Items waiting for a verdict per ``(model, task)`` (for the queue-depth gauge)."""
 

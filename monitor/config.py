@@ -231,6 +231,10 @@ class KafkaSettings(_Strict):
     group_id: str = "relmon"
     review_topic: str = "relmon-reviews"
     verdict_topic: str = "relmon-verdicts"
+    verdict_dead_letter_topic: str = "relmon-verdicts-dead-letter"
+    """Refused verdicts (malformed, or no review item within verdict_wait_s)."""
+    verdict_wait_s: float = Field(30.0, gt=0, le=3600)
+    """How long a verdict whose review item has not arrived yet waits for it."""
 
 
 class ReviewSettings(_Strict):

@@ -28,7 +28,7 @@ __all__ = [
     "Metrics",
 ]
 
-TRAFFIC_DECISIONS: Final = ("sampled", "skipped", "dropped", "rejected")
+TRAFFIC_DECISIONS: Final = ("sampled", "skipped", "duplicate", "dropped", "rejected")
 """``relmon_traffic_events_total{decision}`` values (see :data:`monitor.ports.Decision`)."""
 ITEM_OUTCOMES: Final = ("scored", "abandoned")
 """``relmon_items_total{outcome}`` values."""

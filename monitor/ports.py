@@ -28,7 +28,10 @@ __all__ = [
     "VerdictOutcome",
 ]
 
-Decision = Literal["sampled", "skipped", "dropped", "rejected"]
+Decision = Literal["sampled", "skipped", "duplicate", "dropped", "rejected", "busy"]
+"""What :meth:`MonitorService.offer` did; every value but ``busy`` is counted in
+``relmon_traffic_events_total{decision}``. ``busy`` (only for a source that may wait, such
+as Kafka) means: no budget or queue room right now, nothing counted, offer it again later."""
 
 
 class Clock(Protocol):
@@ -68,7 +71,8 @@ class Admission:
 
     ``done`` (sampled events only) resolves when the item is durably handled: scored and
     its review item persisted, or abandoned and counted. A Kafka source commits an
-    offset only once every earlier event's ``done`` has resolved.
+    offset only once every earlier event's ``done`` has resolved. A ``duplicate`` (an item
+    already admitted) carries the first admission's ``done`` while that one is running.
     """
 
     decision: Decision

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import signal
 import sys
@@ -157,6 +158,8 @@ async def start_service(settings: Settings, *, review_token: str | None = None) 
     sources: list[Any] = []
     review_queue: ReviewQueue
     store: CalibrationStore
+    kafka_store: Any = None  # with review.backend kafka: its store and queue
+    kafka_queue: Any = None
     if settings.review.backend == "kafka":
         from adapters.kafka_review import KafkaCalibrationStore, KafkaReviewQueue, durable_producer
 
@@ -166,16 +169,17 @@ async def start_service(settings: Settings, *, review_token: str | None = None) 
             task = by_name.get(item.task)
             return verdict_score(item, verdict, task.sync_canonicalizer if task else None)
 
-        store = KafkaCalibrationStore(
+        store = kafka_store = KafkaCalibrationStore(
             settings.kafka.bootstrap_servers,
             settings.kafka.review_topic,
             settings.kafka.verdict_topic,
             score,
+            dead_letter_topic=settings.kafka.verdict_dead_letter_topic,
         )
         producer = durable_producer(settings.kafka.bootstrap_servers)
         await producer.start()
         closers.append(producer.stop)
-        review_queue = KafkaReviewQueue(producer, settings.kafka.review_topic)
+        review_queue = kafka_queue = KafkaReviewQueue(producer, settings.kafka.review_topic)
     else:
         settings.state_dir.mkdir(parents=True, exist_ok=True)
         sqlite = SqliteStore(Path(settings.state_dir) / "relmon.sqlite3")
@@ -191,6 +195,9 @@ async def start_service(settings: Settings, *, review_token: str | None = None) 
         log_prompts=settings.log_prompts,
     )
     await service.load()
+    if kafka_store is not None:  # the queue's depth starts from the replayed items
+        for item_id in kafka_store.pending_item_ids():
+            kafka_queue.item_seen(item_id)
     service.start()
     running = Running(
         settings=settings,
@@ -235,16 +242,15 @@ async def start_service(settings: Settings, *, review_token: str | None = None) 
         await running.review_server.start()
         closers.append(running.review_server.stop)
     else:
-        from adapters.kafka_review import KafkaReviewQueue, KafkaVerdictConsumer
+        from adapters.kafka_verdicts import KafkaVerdictConsumer
 
         verdicts = KafkaVerdictConsumer(
-            settings.kafka.bootstrap_servers,
-            settings.kafka.verdict_topic,
-            f"{settings.kafka.group_id}-verdicts",
+            kafka_store,
             service.apply_verdict,
-            settings.kafka.dead_letter_topic,
-            service.reject,
-            review_queue=review_queue if isinstance(review_queue, KafkaReviewQueue) else None,
+            service.reject_verdict,
+            wait_s=settings.kafka.verdict_wait_s,
+            review_queue=kafka_queue,
+            on_item=service.note_review_item,
         )
         await verdicts.start()
         sources.append(verdicts)
@@ -271,7 +277,7 @@ async def start_service(settings: Settings, *, review_token: str | None = None) 
             settings.kafka.traffic_topic,
             settings.kafka.group_id,
             settings.kafka.dead_letter_topic,
-            service.offer,
+            functools.partial(service.offer, wait=True),  # paced by the budget, never dropped
             service.reject,
         )
         await source.start()

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,9 +56,12 @@ from monitor.scores import set_size
 from monitor.stopping import StoppingRule
 from monitor.window import CalibrationWindow, WindowSnapshot
 
-__all__ = ["MonitorService", "TaskRuntime"]
+__all__ = ["RECENT_ITEM_IDS", "MonitorService", "TaskRuntime"]
 
 log = structlog.get_logger("relmon")
+
+RECENT_ITEM_IDS = 100_000
+"""How many admitted item ids the service remembers to recognise a repeated event."""
 
 
 @dataclass
@@ -167,8 +170,11 @@ class MonitorService:
         self.accepting = True
         self._workers: list[asyncio.Task[None]] = []
         self._in_flight = 0
-        # A verdict for an unknown item has no model or task to be counted under.
+        self._admitted: OrderedDict[str, asyncio.Future[None] | None] = OrderedDict()
+        # A verdict for an unknown item, or one that cannot be read, has no model or task
+        # to be counted under.
         self.metrics.reviews.labels("", "", "unknown")
+        self.metrics.reviews.labels("", "", "invalid")
         for t in tasks:
             model = self._model(t)
             self.metrics.init_task(model, t.name, t.alphas, t.client_outcomes)
@@ -238,6 +244,10 @@ class MonitorService:
             loaded += added
             if added:
                 self._update_alarm(state, r.score, r.inclusion_probability)
+        recent = getattr(self.store, "recent_item_ids", None)
+        if recent is not None:  # a restart recognises items it already reviewed
+            for item_id in await recent(RECENT_ITEM_IDS):
+                self._remember(item_id, None)
         pending = getattr(self.store, "pending_counts", None)
         if pending is not None:
             for (model, name), count in (await pending()).items():
@@ -289,27 +299,71 @@ class MonitorService:
         self._count(source, "rejected")
         log.warning("event_rejected", source=source, reason=reason)
 
-    def offer(self, event: TrafficEvent, source: str) -> Admission:
-        """Admit or not; never blocks, never raises for a bad event."""
+    def reject_verdict(self, kind: str, reason: str) -> None:
+        """A verdict a review backend refused before it reached :meth:`apply_verdict`
+        (``invalid``: unreadable; ``unknown``: its review item never came)."""
+        self.metrics.reviews.labels("", "", kind).inc()
+        log.warning("verdict_rejected", kind=kind, reason=reason)
+
+    def offer(self, event: TrafficEvent, source: str, *, wait: bool = False) -> Admission:
+        """Admit or not; never blocks, never raises for a bad event.
+
+        An item already admitted (same task and event id: a repeated ``X-Request-Id``, a
+        Kafka re-delivery) or whose review item already exists is a ``duplicate`` and is
+        not asked again. Without budget or queue room (or while stopping) a source that
+        may ``wait`` gets ``busy`` (nothing counted: it offers the event again later,
+        as Kafka does); any other source's event is ``dropped``.
+        """
         task = self.resolve_task(event)
         if task is None or not sampled(task.name, event.id, task.settings.sampling_rate):
             self._count(source, "skipped")
             return Admission("skipped")
+        item_id = f"{task.name}:{event.id}"
+        if item_id in self._admitted or self._has_review_item(item_id):
+            self._count(source, "duplicate")
+            earlier = self._admitted.get(item_id)
+            return Admission("duplicate", earlier if earlier and not earlier.done() else None)
         now = self.clock.monotonic()
         reserve = task.settings.k_max
         if not self.accepting or not self.budget.try_reserve(reserve, now):
-            self._count(source, "dropped")
-            return Admission("dropped")
+            return self._no_room(source, wait)
         loop = asyncio.get_running_loop()
         job = _Job(event, task, source, self.clock.time(), reserve, loop.create_future())
         try:
             self.queue.put_nowait(job)
         except asyncio.QueueFull:
             self.budget.refund(reserve, now)
-            self._count(source, "dropped")
-            return Admission("dropped")
+            return self._no_room(source, wait)
+        self._remember(item_id, job.done)
         self._count(source, "sampled")
         return Admission("sampled", job.done)
+
+    def _no_room(self, source: str, wait: bool) -> Admission:
+        if wait:
+            return Admission("busy")
+        self._count(source, "dropped")
+        return Admission("dropped")
+
+    def _remember(self, item_id: str, done: asyncio.Future[None] | None) -> None:
+        """Keep the id of an admitted item (the last ``RECENT_ITEM_IDS`` of them)."""
+        admitted = self._admitted
+        admitted[item_id] = done
+        admitted.move_to_end(item_id)
+        if len(admitted) > RECENT_ITEM_IDS:
+            admitted.popitem(last=False)
+
+    def _has_review_item(self, item_id: str) -> bool:
+        has = getattr(self.store, "has_review_item", None)
+        return bool(has(item_id)) if has is not None else False
+
+    def note_review_item(self, item: ReviewItem) -> None:
+        """A review item another replica published (read from the shared review log)."""
+        task = self.tasks.get(item.task)
+        if task is None:
+            return
+        state = self._state(item.model, task)
+        state.pending_reviews += 1
+        self.metrics.review_queue_depth.labels(item.model, item.task).set(state.pending_reviews)
 
     # ------------------------------------------------------------------ workers
 
@@ -412,7 +466,16 @@ class MonitorService:
         store: object = self.store
         if store is not self.review_queue:  # the SQLite store is both
             await self.store.save_review_item(item)
-        await self.review_queue.submit(item)
+        try:
+            await self.review_queue.submit(item)
+        except Exception:
+            # Not published: a later delivery of the same event must not count as a
+            # duplicate of it.
+            self._admitted.pop(item.item_id, None)
+            discard = getattr(self.store, "discard_review_item", None)
+            if discard is not None:
+                discard(item.item_id)
+            raise
         self._state(model, task).pending_reviews += 1
         self.metrics.review_queue_depth.labels(model, task.name).set(
             self._state(model, task).pending_reviews

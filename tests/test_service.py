@@ -340,3 +340,33 @@ async def test_top_answer_sli_counts_each_verdict_with_weight_one_over_pi() -> N
     assert 0 < top_right < len(items)  # both outcomes happen
     assert accepted == pytest.approx(4.0 * top_right)
     assert rejected == pytest.approx(4.0 * (len(items) - top_right))
+
+
+async def test_a_repeated_event_is_a_duplicate_and_a_waiting_source_gets_busy() -> None:
+    client = FakeModelClient(arithmetic_model(1.0))
+    clock = ManualClock()
+    budget = BudgetSettings(calls_per_minute=20, max_in_flight=1, queue_size=10)
+    service, store, _, registry = make_service(client=client, clock=clock, budget=budget)
+    await service.load()
+    first = service.offer(parse_event(event(1)), "kafka", wait=True)
+    again = service.offer(parse_event(event(1)), "kafka", wait=True)
+    assert (first.decision, again.decision) == ("sampled", "duplicate")
+    assert again.done is first.done  # still running: the source waits for the first one
+    # 20 calls a minute, 10 reserved per item: room for one more, then busy (not counted)
+    assert service.offer(parse_event(event(2)), "kafka", wait=True).decision == "sampled"
+    assert service.offer(parse_event(event(3)), "kafka", wait=True).decision == "busy"
+    assert service.offer(parse_event(event(3)), "mirror").decision == "dropped"
+    service.start()
+    await service.drain()
+    assert service.offer(parse_event(event(2)), "kafka").decision == "duplicate"
+    assert service.offer(parse_event(event(2)), "kafka").done is None  # done long ago
+    assert client.calls <= 20 and len(store.items) == 2
+
+    def count(decision: str, source: str = "kafka") -> float:
+        labels = {"source": source, "decision": decision}
+        return registry.get_sample_value("relmon_traffic_events_total", labels) or 0.0
+
+    assert (count("sampled"), count("duplicate"), count("dropped")) == (2, 3, 0)
+    assert count("dropped", "mirror") == 1
+    await service.stop(5)
+    assert service.offer(parse_event(event(9)), "kafka", wait=True).decision == "busy"

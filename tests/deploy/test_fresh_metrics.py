@@ -76,7 +76,7 @@ async def test_fresh_run_serves_every_series_at_zero(tmp_path: Path) -> None:
         assert value("relmon_top_answers_total", outcome=outcome) == 0
     for outcome in OUTCOMES:
         assert value("relmon_model_calls_total", outcome=outcome) == 0
-    for decision in ("sampled", "skipped", "dropped", "rejected"):
+    for decision in ("sampled", "skipped", "duplicate", "dropped", "rejected"):
         key = ("relmon_traffic_events_total", (("decision", decision), ("source", "mirror")))
         assert samples[key] == 0
     for alpha in ALPHAS:

@@ -3,32 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import math
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from adapters.kafka_review import (
-    KafkaCalibrationStore,
-    KafkaReviewQueue,
-    KafkaVerdictConsumer,
-    durable_producer,
-)
+from adapters.kafka_review import KafkaCalibrationStore, KafkaReviewQueue, durable_producer
+from adapters.kafka_verdicts import KafkaVerdictConsumer
 from monitor.errors import ConfigError
 from monitor.ports import CalibrationRecord, VerdictOutcome
 from monitor.review import ReviewItem, Verdict, verdict_score
-from tests.kafka import (
-    FAST_GROUP,
-    committed,
-    eventually,
-    new_topic,
-    produce,
-    read_all,
-    unique,
-)
+from tests.kafka import eventually, new_topic, produce, read_all, unique
 
 
 def item(n: int, *, task: str = "triage") -> ReviewItem:
@@ -96,72 +86,135 @@ async def test_review_queue_refuses_a_producer_without_acks_all(kafka_bootstrap:
         await p.stop()
 
 
-async def test_verdict_consumer_hands_each_verdict_once_and_dead_letters_bad_ones(
+@asynccontextmanager
+async def following(consumer: KafkaVerdictConsumer) -> AsyncIterator[None]:
+    await consumer.start()
+    task = asyncio.create_task(consumer.run())
+    try:
+        yield
+    finally:
+        await consumer.stop(10.0)
+        await asyncio.gather(task)
+
+
+class Handler:
+    """The service's part: applies the first verdict of a known item, records each."""
+
+    def __init__(self, store: KafkaCalibrationStore) -> None:
+        self.store = store
+        self.seen: list[Verdict] = []
+        self.rejects: list[tuple[str, str]] = []
+        self.items: list[str] = []
+
+    async def __call__(self, v: Verdict) -> VerdictOutcome:
+        await asyncio.sleep(0)
+        assert await self.store.get_review_item(v.item_id) is not None
+        first = all(s.item_id != v.item_id for s in self.seen)
+        self.seen.append(v)
+        return VerdictOutcome("applied" if first else "duplicate", score=1.0)
+
+    def reject(self, kind: str, reason: str) -> None:
+        self.rejects.append((kind, reason))
+
+    def on_item(self, it: ReviewItem) -> None:
+        self.items.append(it.item_id)
+
+
+async def test_verdict_consumer_waits_for_items_and_dead_letters_the_rest_once(
     kafka_bootstrap: str, producer: AIOKafkaProducer
 ) -> None:
-    topic = await new_topic(kafka_bootstrap, "verdicts")
+    reviews = await new_topic(kafka_bootstrap, "reviews")
+    topic = await new_topic(kafka_bootstrap, "verdicts", partitions=2)
     dlq = await new_topic(kafka_bootstrap, "verdicts-dlq")
-    queue = KafkaReviewQueue(producer, unique("reviews"), pending_item_ids={"a", "b", "c"})
+    queue = KafkaReviewQueue(producer, reviews)
+    for name in ("a", "b", "c"):
+        await queue.submit(dataclasses.replace(item(0), item_id=name))
+    store = KafkaCalibrationStore(
+        kafka_bootstrap, reviews, topic, verdict_score, dead_letter_topic=dlq
+    )
+    assert await store.load_records() == []
     values = [
         verdict("a", 1),
         b"{not json",
         verdict("b"),
         json.dumps({"item_id": "c", "accepted_ranks": [0]}).encode(),
         verdict("a", 2),  # a duplicate: the handler decides, the consumer just delivers
-        verdict("zzz", 1),
+        verdict("zzz", 1),  # no such item, ever
+        verdict("late", 2),  # its item comes after the verdict
     ]
-    await produce(kafka_bootstrap, topic, values)
-
-    seen: list[Verdict] = []
-    rejects: list[tuple[str, str]] = []
-
-    async def handler(v: Verdict) -> VerdictOutcome:
-        await asyncio.sleep(0)
-        first = all(s.item_id != v.item_id for s in seen)
-        seen.append(v)
-        if v.item_id == "zzz":
-            return VerdictOutcome("unknown")
-        return VerdictOutcome("applied" if first else "duplicate", score=1.0)
-
-    group = unique("g")
+    await produce(kafka_bootstrap, topic, values, partition=0)
+    handler = Handler(store)
     consumer = KafkaVerdictConsumer(
-        kafka_bootstrap,
-        topic,
-        group,
-        handler,
-        dlq,
-        lambda source, reason: rejects.append((source, reason)),
-        commit_interval_s=0.05,
-        review_queue=queue,
-        **FAST_GROUP,
+        store, handler, handler.reject, wait_s=3.0, review_queue=queue, on_item=handler.on_item
     )
-    await consumer.start()
-    task = asyncio.create_task(consumer.run())
-    try:
-        await eventually(lambda: len(seen) == 4 and len(rejects) == 2)
+    async with following(consumer):
+        await eventually(lambda: len(handler.seen) == 3 and consumer.waiting == 2, 30)
         assert consumer.connected
+        # Another replica publishes the late item: the waiting verdict goes through.
+        late = dataclasses.replace(item(0), item_id="late")
+        await producer.send_and_wait(reviews, json.dumps(late.to_json()).encode(), key=b"late")
+        await eventually(lambda: len(handler.seen) == 4, 30)
+        assert handler.items == ["late"]
+        await eventually(lambda: consumer.dead_letters == 3, 30)
 
-        async def all_committed() -> bool:
-            return await committed(kafka_bootstrap, group, [TopicPartition(topic, 0)]) == [6]
-
-        await eventually(all_committed)
-        await asyncio.sleep(0.2)
-    finally:
-        await consumer.stop(5.0)
-        await asyncio.gather(task)
-
-    assert [(v.item_id, v.accepted_ranks, v.none_of_these) for v in seen] == [
+    assert [(v.item_id, v.accepted_ranks, v.none_of_these) for v in handler.seen] == [
         ("a", (1,), False),
         ("b", (), True),
         ("a", (2,), False),
-        ("zzz", (1,), False),
+        ("late", (2,), False),
     ]
-    assert [s for s, _ in rejects] == ["verdicts", "verdicts"]
-    dead = await read_all(kafka_bootstrap, dlq, at_least=2)
-    assert [r.value for r in dead] == [values[1], values[3]]
-    assert [dict(r.headers)["relmon-source-offset"] for r in dead] == [b"1", b"3"]
-    assert [dict(r.headers)["relmon-error"].decode() for r in dead] == [r for _, r in rejects]
+    assert [k for k, _ in handler.rejects] == ["invalid", "invalid", "unknown"]
+    assert handler.rejects[2][1] == "no review item 'zzz' within 3 s"
+    dead = await read_all(kafka_bootstrap, dlq, at_least=3)
+    assert [r.value for r in dead] == [values[1], values[3], values[5]]
+    headers = [dict(r.headers) for r in dead]
+    assert [h["relmon-source-offset"] for h in headers] == [b"1", b"3", b"5"]
+    assert {h["relmon-stream"] for h in headers} == {b"verdicts"}
+    assert [h["relmon-error"].decode() for h in headers] == [r for _, r in handler.rejects]
     assert await queue.depth() == 1  # "c" only had a malformed verdict
+
+    # A restart replays everything: the same verdicts count, the refused ones stay
+    # refused (not applied, not dead-lettered again), nothing waits.
+    again = KafkaCalibrationStore(
+        kafka_bootstrap, reviews, topic, verdict_score, dead_letter_topic=dlq
+    )
+    records = await again.load_records()
+    assert sorted(r.item_id for r in records) == ["a", "b", "late"]
+    assert again.dead_lettered_verdicts == 3
+    assert again.waiting == [] and again.unreadable == []
+    assert await again.pending_counts() == {("gpt-4.1", "triage"): 1}
+    second = Handler(again)
+    consumer = KafkaVerdictConsumer(again, second, second.reject, wait_s=0.5)
+    async with following(consumer):
+        await produce(kafka_bootstrap, topic, [verdict("c", 3)], partition=1)
+        await eventually(lambda: len(second.seen) == 1, 30)
+        await asyncio.sleep(1.0)  # longer than wait_s: nothing else may happen
+    assert [v.item_id for v in second.seen] == ["c"]
+    assert second.rejects == [] and consumer.dead_letters == 0
+    assert len(await read_all(kafka_bootstrap, dlq)) == 3
+
+
+async def test_verdicts_replayed_before_their_item_wait_for_it_after_the_start(
+    kafka_bootstrap: str, producer: AIOKafkaProducer
+) -> None:
+    """A verdict replayed at start whose item is not there yet is handed over, not lost."""
+    reviews = await new_topic(kafka_bootstrap, "reviews")
+    topic = await new_topic(kafka_bootstrap, "verdicts")
+    dlq = await new_topic(kafka_bootstrap, "verdicts-dlq")
+    await produce(kafka_bootstrap, topic, [verdict("item-7", 1), b"[1]"])
+    store = KafkaCalibrationStore(
+        kafka_bootstrap, reviews, topic, verdict_score, dead_letter_topic=dlq
+    )
+    assert await store.load_records() == []
+    assert store.unknown_verdicts == 1 and len(store.unreadable) == 1
+    handler = Handler(store)
+    consumer = KafkaVerdictConsumer(store, handler, handler.reject, wait_s=60.0)
+    async with following(consumer):
+        await eventually(lambda: consumer.dead_letters == 1 and consumer.waiting == 1, 30)
+        await KafkaReviewQueue(producer, reviews).submit(item(7))
+        await eventually(lambda: len(handler.seen) == 1, 30)
+    assert handler.seen[0].item_id == "item-7"
+    assert handler.rejects == [("invalid", "verdict must be a JSON object")]
 
 
 async def test_calibration_store_replays_the_topics_and_restores_exactly(

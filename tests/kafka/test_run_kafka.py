@@ -46,6 +46,7 @@ kafka:
   review_topic: {topics["review"]}
   verdict_topic: {topics["verdict"]}
   dead_letter_topic: {topics["dlq"]}
+  verdict_dead_letter_topic: {topics["verdict-dlq"]}
   group_id: {group}
 log_format: json
 """
@@ -86,7 +87,8 @@ async def test_kafka_drain_end_to_end_and_replay_restart(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:
     topics = {
-        k: await new_topic(kafka_bootstrap, k) for k in ("traffic", "review", "verdict", "dlq")
+        k: await new_topic(kafka_bootstrap, k)
+        for k in ("traffic", "review", "verdict", "dlq", "verdict-dlq")
     }
     group = unique("relmon")
     bank = QuestionBank(size=30, seed=9)
@@ -155,8 +157,18 @@ async def test_kafka_drain_end_to_end_and_replay_restart(
     assert (
         first[("relmon_traffic_events_total", (("decision", "rejected"), ("source", "kafka")))] == 2
     )
-    dead = await read_all(kafka_bootstrap, topics["dlq"], at_least=3)
-    assert len(dead) == 3  # two bad events and one bad verdict, none lost
+    dead = await read_all(kafka_bootstrap, topics["dlq"], at_least=2)
+    assert len(dead) == 2  # two bad events, none lost
+    assert {dict(r.headers)["relmon-stream"] for r in dead} == {b"traffic"}
+    dead = await read_all(kafka_bootstrap, topics["verdict-dlq"], at_least=1)
+    assert [r.value for r in dead] == [b"not a verdict"]
+    assert dict(dead[0].headers)["relmon-stream"] == b"verdicts"
+    # A refused verdict is counted as a verdict, not as traffic.
+    unlabelled = (("model", ""), ("task", ""))
+    assert first[("relmon_reviews_total", (*unlabelled, ("verdict", "invalid")))] == 1
+    assert not any(
+        k[0] == "relmon_traffic_events_total" and ("source", "verdicts") in k[1] for k in first
+    )
 
     # Restart: the window is rebuilt by replaying the review and verdict topics.
     out2 = tmp_path / "m2.prom"

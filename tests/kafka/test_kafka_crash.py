@@ -1,0 +1,203 @@
+"""kill -9 of a real ``relmon run`` on Kafka with reviewed but uncommitted events: after
+the restart the re-delivered events whose review items exist are not asked again nor
+published again, and the review queue depth is what the topics say."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aiohttp import web
+from aiokafka import AIOKafkaProducer, TopicPartition
+
+from monitor.demo.model import QuestionBank, SimulatedModel
+from tests.kafka import committed, eventually, free_port, new_topic, produce, read_all, unique
+from tests.kafka.test_run_kafka import metrics_of
+
+pytestmark = pytest.mark.timeout(240)
+
+N = 30
+REVIEWED = 10
+
+
+class StuckModel(SimulatedModel):
+    """Answers ``stuck`` only once ``released`` is set; counts the calls per question."""
+
+    def __init__(self, stuck: str, **kw: object) -> None:
+        super().__init__(**kw)  # type: ignore[arg-type]
+        self.stuck = stuck
+        self.released = asyncio.Event()
+        self.asked: Counter[str] = Counter()
+
+    async def _completions(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        query = "\n".join(str(m.get("content", "")) for m in body.get("messages") or [])
+        self.asked[query] += 1
+        if query == self.stuck:
+            await self.released.wait()
+        return await super()._completions(_Replay(body))
+
+
+class _Replay:
+    """The already read request body, for the parent's handler."""
+
+    def __init__(self, body: object) -> None:
+        self._body = body
+
+    async def json(self) -> object:
+        return self._body
+
+
+def start_relmon(cfg: Path, log: Path) -> subprocess.Popen[bytes]:
+    with log.open("ab") as handle:
+        return subprocess.Popen(
+            [sys.executable, "-m", "monitor", "run", "--config", str(cfg)],
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            env=dict(os.environ),
+        )
+
+
+async def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    try:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"http://127.0.0.1:{port}/metrics") as resp,
+        ):
+            return metrics_of(await resp.text())
+    except aiohttp.ClientError:
+        return {}
+
+
+async def test_items_delivered_again_after_kill_9_are_not_asked_again(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    topics = {
+        k: await new_topic(kafka_bootstrap, k)
+        for k in ("traffic", "review", "verdict", "dlq", "verdict-dlq")
+    }
+    group = unique("crash")
+    bank = QuestionBank(size=N, seed=21)
+    questions = [q for q, _ in bank.questions]
+    model = StuckModel(questions[0], quality=0.8, drift_after_s=None, bank=bank, seed=3)
+    url = await model.start()
+    port = free_port()
+    cfg, log = tmp_path / "relmon.yaml", tmp_path / "relmon.log"
+    cfg.write_text(
+        f"""
+tasks:
+  - name: arithmetic
+    canonicalizer: numeric
+    endpoint: {{base_url: "{url}", model: sim-arith-1, concurrency: 4, timeout_s: 200}}
+    k_max: 6
+    sampling_rate: 1.0
+    review_rate: 1.0
+metrics: {{port: {port}}}
+traffic: {{mode: "off"}}
+review: {{backend: kafka}}
+budget: {{calls_per_minute: 100000}}
+kafka:
+  enabled: true
+  bootstrap_servers: "{kafka_bootstrap}"
+  traffic_topic: {topics["traffic"]}
+  review_topic: {topics["review"]}
+  verdict_topic: {topics["verdict"]}
+  dead_letter_topic: {topics["dlq"]}
+  verdict_dead_letter_topic: {topics["verdict-dlq"]}
+  group_id: {group}
+log_format: json
+"""
+    )
+    events = [
+        json.dumps(
+            {
+                "id": f"c{i}",
+                "model": "sim-arith-1",
+                "task": "arithmetic",
+                "request": {"messages": [{"role": "user", "content": q}]},
+            }
+        ).encode()
+        for i, q in enumerate(questions)
+    ]
+    await produce(kafka_bootstrap, topics["traffic"], events)
+    labels = (("model", "sim-arith-1"), ("task", "arithmetic"))
+
+    def value(m: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str) -> float:
+        return m.get((name, labels), -1.0)
+
+    proc = start_relmon(cfg, log)
+    try:
+        # Every event but the first (its model call hangs) is scored and reviewed, so
+        # the committed offset cannot pass event 0: all of them are delivered again.
+        items = await read_all(kafka_bootstrap, topics["review"], at_least=N - 1, timeout_s=120)
+        assert len(items) == N - 1, log.read_text()[-3000:]
+        ids = sorted(json.loads(r.value)["item_id"] for r in items)
+        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
+        await producer.start()
+        try:
+            for item_id in ids[:REVIEWED]:
+                verdict = {"item_id": item_id, "accepted_ranks": [1]}
+                await producer.send_and_wait(
+                    topics["verdict"], json.dumps(verdict).encode(), key=item_id.encode()
+                )
+        finally:
+            await producer.stop()
+
+        async def reviewed() -> bool:
+            return value(await scrape(port), "relmon_calibration_items") == REVIEWED
+
+        await eventually(reviewed, 60)
+        assert value(await scrape(port), "relmon_review_queue_depth") == N - 1 - REVIEWED
+        tp = TopicPartition(topics["traffic"], 0)
+        assert await committed(kafka_bootstrap, group, [tp]) in ([None], [0])
+        proc.send_signal(signal.SIGKILL)
+        await asyncio.to_thread(proc.wait, 30)
+        model.released.set()
+        before = Counter(model.asked)
+
+        proc = start_relmon(cfg, log)
+
+        async def redelivered() -> bool:
+            m = await scrape(port)
+            return (
+                m.get(
+                    (
+                        "relmon_traffic_events_total",
+                        (("decision", "duplicate"), ("source", "kafka")),
+                    )
+                )
+                == N - 1
+                and m.get(("relmon_items_total", tuple(sorted((*labels, ("outcome", "scored"))))))
+                == 1
+            )
+
+        try:
+            await eventually(redelivered, 120)
+        except AssertionError:
+            state = {k: v for k, v in (await scrape(port)).items() if "traffic" in k[0]}
+            raise AssertionError(f"{state}\n{log.read_text()[-4000:]}") from None
+        after = await scrape(port)
+        key = ("relmon_traffic_events_total", (("decision", "sampled"), ("source", "kafka")))
+        assert after[key] == 1  # only the event that never finished
+        asked_again = {q: n for q, n in (model.asked - before).items() if q != questions[0]}
+        assert asked_again == {}, "re-delivered items were asked again"
+        assert value(after, "relmon_calibration_items") == REVIEWED
+        assert value(after, "relmon_review_queue_depth") == N - REVIEWED
+        everything = await read_all(kafka_bootstrap, topics["review"], at_least=N)
+        published = Counter(json.loads(r.value)["item_id"] for r in everything)
+        assert len(published) == N and set(published.values()) == {1}, published
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(proc.wait, 60) == 0, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        await model.stop()

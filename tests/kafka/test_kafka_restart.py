@@ -1,0 +1,250 @@
+"""Verdicts given before, during and after a restart of the service on Kafka: none lost,
+none counted twice, the queue depth right at every step, and the level and thresholds
+of an independent computation, also when the broker under-reports its end offsets
+(simulated at the adapter boundary, as Tansu 0.6 does after a multi-record batch)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from monitor.canon import get_canonicalizer
+from monitor.config import load_settings
+from monitor.demo.model import QuestionBank, SimulatedModel, truth_of
+from monitor.runner import Running, start_service
+from tests.kafka import eventually, new_topic, produce, read_all, unique
+
+pytestmark = pytest.mark.timeout(240)
+
+N = 40
+ALPHAS = (0.1, 0.2, 0.3)
+LABELS = {"model": "sim-arith-1", "task": "arithmetic"}
+
+
+class Tail:
+    """Every record of a topic as it arrives (no end offsets trusted, no group)."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self.consumer = AIOKafkaConsumer(
+            bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest"
+        )
+        self.topic = topic
+        self.records: list[Any] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> Tail:
+        await self.consumer.start()
+        await self.consumer.topics()
+        parts = self.consumer.partitions_for_topic(self.topic) or set()
+        tps = [TopicPartition(self.topic, p) for p in sorted(parts)]
+        self.consumer.assign(tps)
+        for tp in tps:
+            self.consumer.seek(tp, 0)
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    async def _run(self) -> None:
+        while True:
+            batch = await self.consumer.getmany(timeout_ms=200)
+            for records in batch.values():
+                self.records.extend(records)
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+        await self.consumer.stop()
+
+
+def metric(running: Running, name: str, **labels: str) -> float:
+    value = running.registry.get_sample_value(name, {**LABELS, **labels})
+    assert value is not None, (name, labels)
+    return value
+
+
+def independent(scores: list[float]) -> dict[str, float]:
+    """Level and thresholds from the scores by hand (equal weights: pi = 1, no decay)."""
+    n = len(scores)
+    out = {"level": sum(s <= 1 for s in scores) / (n + 1)}
+    for alpha in ALPHAS:
+        k = math.ceil(round((n + 1) * (1 - alpha), 9))
+        out[f"{alpha:g}"] = math.inf if k > n else sorted(scores)[k - 1]
+    return out
+
+
+def exported(running: Running) -> dict[str, float]:
+    running.service.publish()
+    out = {"level": metric(running, "relmon_reliability_level")}
+    for alpha in ALPHAS:
+        out[f"{alpha:g}"] = metric(running, "relmon_conformal_threshold", alpha=f"{alpha:g}")
+    return out
+
+
+@asynccontextmanager
+async def service(config: Path) -> AsyncIterator[Running]:
+    running = await start_service(load_settings(config))
+    try:
+        yield running
+    finally:
+        await running.close(10.0)
+
+
+async def test_verdicts_before_during_and_after_a_restart(
+    kafka_bootstrap: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    topics = {
+        "traffic": await new_topic(kafka_bootstrap, "traffic", partitions=2),
+        "review": await new_topic(kafka_bootstrap, "review"),
+        "verdict": await new_topic(kafka_bootstrap, "verdict", partitions=2),
+        "dlq": await new_topic(kafka_bootstrap, "dlq"),
+        "verdict-dlq": await new_topic(kafka_bootstrap, "verdict-dlq"),
+    }
+    bank = QuestionBank(size=N, seed=11)
+    model = SimulatedModel(quality=0.75, drift_after_s=None, bank=bank, seed=5)
+    url = await model.start()
+    config = tmp_path / "relmon.yaml"
+    config.write_text(
+        f"""
+tasks:
+  - name: arithmetic
+    canonicalizer: numeric
+    endpoint: {{base_url: "{url}", model: sim-arith-1, timeout_s: 5}}
+    k_max: 6
+    sampling_rate: 1.0
+    review_rate: 1.0
+    half_life_s: null
+    alphas: [0.1, 0.2, 0.3]
+metrics: {{port: 0}}
+traffic: {{mode: "off"}}
+review: {{backend: kafka}}
+budget: {{calls_per_minute: 100000}}
+kafka:
+  enabled: true
+  bootstrap_servers: "{kafka_bootstrap}"
+  traffic_topic: {topics["traffic"]}
+  review_topic: {topics["review"]}
+  verdict_topic: {topics["verdict"]}
+  dead_letter_topic: {topics["dlq"]}
+  verdict_dead_letter_topic: {topics["verdict-dlq"]}
+  verdict_wait_s: 3
+  group_id: {unique("restart")}
+"""
+    )
+    events = [
+        json.dumps(
+            {
+                "id": f"q{i}",
+                "model": "sim-arith-1",
+                "task": "arithmetic",
+                "request": {"messages": [{"role": "user", "content": q}]},
+            }
+        ).encode()
+        for i, (q, _) in enumerate(bank.questions)
+    ]
+    await produce(kafka_bootstrap, topics["traffic"], events)
+    canon = get_canonicalizer("numeric")
+    scores: dict[str, float] = {}
+    verdicts: dict[str, bytes] = {}
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
+    await producer.start()
+
+    async def give(ids: list[str], *extra: tuple[bytes, bytes]) -> None:
+        """Verdicts sent together and flushed once: multi-record batches."""
+        sent = [await producer.send(topics["verdict"], verdicts[i], key=i.encode()) for i in ids]
+        sent += [await producer.send(topics["verdict"], v, key=k) for k, v in extra]
+        await producer.flush()
+        await asyncio.gather(*sent)
+
+    try:
+        async with Tail(kafka_bootstrap, topics["review"]) as reviews:
+            async with service(config) as first:
+                await eventually(lambda: len(reviews.records) >= N, 120)
+                assert len(reviews.records) == N
+                for record in reviews.records:
+                    item = json.loads(record.value)
+                    truth = canon.canonicalize(str(truth_of(item["query"])))
+                    ranks = [c["rank"] for c in item["candidates"] if c["answer"] == truth]
+                    body = {"item_id": item["item_id"], "reviewer": "test"}
+                    body |= {"accepted_ranks": ranks} if ranks else {"none_of_these": True}
+                    scores[item["item_id"]] = float(min(ranks)) if ranks else math.inf
+                    verdicts[item["item_id"]] = json.dumps(body).encode()
+                ids = sorted(scores)
+                assert metric(first, "relmon_review_queue_depth") == N
+                # Before the restart: 15 verdicts.
+                await give(ids[:15])
+                await eventually(lambda: metric(first, "relmon_calibration_items") == 15, 60)
+                first.service.publish()
+                assert metric(first, "relmon_review_queue_depth") == N - 15
+
+            # While it is down: 10 verdicts, one for an item that never existed, one junk.
+            await give(ids[15:25], (b"ghost", b'{"item_id": "ghost", "accepted_ranks": [1]}'))
+            await give([], (b"junk", b"not a verdict"))
+
+            real = AIOKafkaConsumer.end_offsets
+
+            async def under_reported(self: AIOKafkaConsumer, partitions: Any) -> dict[Any, int]:
+                return {tp: min(end, 1) for tp, end in (await real(self, partitions)).items()}
+
+            monkeypatch.setattr(AIOKafkaConsumer, "end_offsets", under_reported)
+            # During the start (the replay): 5 more; after it: the last 10 and a second
+            # verdict for an item that has one (it must not count).
+            starting = asyncio.create_task(start_service(load_settings(config)))
+            await give(ids[25:30])
+            second = await starting
+            try:
+                await eventually(lambda: metric(second, "relmon_calibration_items") == 30, 60)
+                second.service.publish()
+                assert metric(second, "relmon_review_queue_depth") == N - 30
+                duplicate = json.dumps({"item_id": ids[3], "none_of_these": True}).encode()
+                await give(ids[30:], (ids[3].encode(), duplicate))
+                await eventually(lambda: metric(second, "relmon_calibration_items") == N, 60)
+                unknown = {"model": "", "task": ""}
+
+                def refused() -> bool:
+                    get = second.registry.get_sample_value
+                    return (
+                        get("relmon_reviews_total", {**unknown, "verdict": "unknown"}) == 1
+                        and get("relmon_reviews_total", {**unknown, "verdict": "invalid"}) == 1
+                    )
+
+                await eventually(refused, 30)
+                assert exported(second) == pytest.approx(independent(list(scores.values())))
+                assert metric(second, "relmon_reviews_total", verdict="duplicate") == 1
+                assert metric(second, "relmon_review_queue_depth") == 0
+                live = sum(
+                    metric(second, "relmon_reviews_total", verdict=v) for v in ("accepted", "none")
+                )
+                assert 10 <= live <= 25  # the rest came from the replay, none twice
+                # Nothing of the traffic was asked again (all committed by the first run).
+                assert second.service.stats.scored == 0
+            finally:
+                await second.close(10.0)
+            monkeypatch.undo()
+
+            # A third start holds exactly the same calibration, refuses nothing again.
+            async with service(config) as third:
+                third.service.publish()
+                assert metric(third, "relmon_calibration_items") == N
+                assert exported(third) == pytest.approx(independent(list(scores.values())))
+                assert metric(third, "relmon_review_queue_depth") == 0
+                await asyncio.sleep(3.5)  # longer than verdict_wait_s
+                get = third.registry.get_sample_value
+                assert (
+                    get("relmon_reviews_total", {"model": "", "task": "", "verdict": "unknown"})
+                    == 0
+                )
+            assert len(reviews.records) == N  # no item was published twice
+        dead = await read_all(kafka_bootstrap, topics["verdict-dlq"], at_least=2)
+        assert sorted(r.key for r in dead) == [b"ghost", b"junk"]
+        assert {dict(r.headers)["relmon-stream"] for r in dead} == {b"verdicts"}
+    finally:
+        await producer.stop()
+        await model.stop()

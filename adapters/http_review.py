@@ -12,6 +12,7 @@ Every ``/api`` route needs ``Authorization: Bearer <token>`` (compared in consta
                                      error), 404 unknown item, 400 invalid (one-line
                                      message), 413 over 64 KiB
 
+``GET /openapi.json`` (no token) describes all of it (:mod:`adapters.http_openapi`).
 ``score`` is the item's rank score, the string ``"inf"`` when no candidate was accepted.
 (An item whose id is literally ``next`` can be reviewed but not fetched by id.)
 With a ``page`` (:class:`adapters.http_review_page.ReviewPage`), ``GET /review`` serves
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING, Protocol
 import structlog
 from aiohttp import web
 
+from adapters.http_openapi import openapi_document
 from adapters.http_review_page import ReviewPage
 from monitor.errors import ConfigError, InputError, RelmonError
 from monitor.ports import VerdictHandler, VerdictOutcome
@@ -74,6 +76,7 @@ class ReviewServer:
         max_body_bytes: int = _MAX_VERDICT_BYTES,
         shutdown_timeout_s: float = 5.0,
         page: ReviewPage | None = None,
+        traffic_url: str | None = None,
     ) -> None:
         if not token or not token.strip():
             raise ConfigError("the review API needs a non-empty token")
@@ -85,6 +88,8 @@ class ReviewServer:
         self._max_body = max_body_bytes
         self._shutdown_timeout = shutdown_timeout_s
         self._page = page
+        self.traffic_url = traffic_url
+        """Where the traffic endpoint listens, for ``/openapi.json`` (None: not described)."""
         self._runner: web.AppRunner | None = None
         self._bound_port: int | None = None
 
@@ -105,6 +110,7 @@ class ReviewServer:
         )
         if self._page is not None:  # the page, its API, leases (adapters.http_review_page)
             self._page.add_routes(app)
+        app.router.add_get("/openapi.json", self._openapi_route)
         app.router.add_get("/api/reviews/next", self._next)
         app.router.add_get("/api/reviews/{item_id:.+}", self._get)
         app.router.add_post("/api/reviews/{item_id:.+}", self._post)
@@ -159,7 +165,8 @@ class ReviewServer:
             return _error(
                 401, "missing bearer token", {"WWW-Authenticate": 'Bearer realm="relmon"'}
             )
-        if not hmac.compare_digest(given.strip().encode("utf-8"), self._token):
+        # Header bytes that are not UTF-8 arrive as lone surrogates; they never match.
+        if not hmac.compare_digest(given.strip().encode("utf-8", "surrogateescape"), self._token):
             return _error(
                 401,
                 "invalid token",
@@ -170,6 +177,9 @@ class ReviewServer:
         return response
 
     # -- routes -------------------------------------------------------------------------
+
+    async def _openapi_route(self, request: web.Request) -> web.StreamResponse:
+        return web.json_response(openapi_document(traffic_url=self.traffic_url))
 
     async def _next(self, request: web.Request) -> web.StreamResponse:
         if self._page is not None:

@@ -47,7 +47,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from monitor.errors import ConfigError, InputError
-from monitor.events import TrafficEvent, event_from_request, parse_event
+from monitor.events import TrafficEvent, event_from_request, is_text, parse_event
 from monitor.ports import EventSink
 
 __all__ = [
@@ -161,7 +161,10 @@ def _strip_hop_by_hop(headers: Iterable[tuple[str, str]], connection: str) -> CI
 
 
 def _request_id(headers: Mapping[str, str]) -> str:
+    """``X-Request-Id`` (a uuid4 when absent or too long); InputError if not UTF-8."""
     rid = headers.get("X-Request-Id", "").strip()
+    if not is_text(rid):  # undecodable header bytes arrive as lone surrogates
+        raise InputError("X-Request-Id is not valid UTF-8")
     return rid if 0 < len(rid) <= _MAX_REQUEST_ID else uuid.uuid4().hex
 
 
@@ -444,13 +447,14 @@ class TrafficServer:
             self._sink(event, source)
         except Exception:
             _log.exception("traffic_sink_failed", source=source, item_id=event.id)
+            self._reject(source, "internal error")  # still counted under a decision
 
     def _event(
         self, source: str, headers: Mapping[str, str], path: str, raw: bytes, text: str | None
     ) -> TrafficEvent:
         try:
             body = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):  # also too deep, or a 5,000-digit number
             raise InputError("invalid JSON") from None
         if not isinstance(body, dict):
             raise InputError("request body is not a JSON object")

@@ -38,6 +38,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from monitor.errors import ConfigError
+from monitor.redaction import BUILTIN_RULES, Redactor
 from monitor.stopping import DEFAULT_FUTILITY, DEFAULT_RULE, available_rules, get_stopping_rule
 
 __all__ = [
@@ -46,6 +47,8 @@ __all__ = [
     "KafkaSettings",
     "ListenSettings",
     "MatchSettings",
+    "RedactionRuleSettings",
+    "RedactionSettings",
     "ReviewSettings",
     "Settings",
     "TaskSettings",
@@ -256,6 +259,48 @@ class ReviewSettings(_Strict):
         return None
 
 
+class RedactionRuleSettings(_Strict):
+    """A deployment's own redaction rule: every match of ``pattern`` becomes ``replacement``."""
+
+    name: str = Field(min_length=1)
+    pattern: str = Field(min_length=1)
+    replacement: str = "[redacted]"
+
+    @field_validator("pattern")
+    @classmethod
+    def _compiles(cls, v: str) -> str:
+        try:
+            re.compile(v)
+        except re.error as exc:
+            raise ValueError(f"not a regular expression: {exc}") from None
+        return v
+
+
+class RedactionSettings(_Strict):
+    """What is masked in the query and answers a reviewer sees (monitor.redaction)."""
+
+    builtin_rules: list[str] = Field(default_factory=lambda: list(BUILTIN_RULES))
+    rules: list[RedactionRuleSettings] = Field(default_factory=list)
+    answers: bool = True
+
+    @field_validator("builtin_rules")
+    @classmethod
+    def _known(cls, v: list[str]) -> list[str]:
+        unknown = [name for name in v if name not in BUILTIN_RULES]
+        if unknown:
+            raise ValueError(
+                f"unknown shipped rule(s) {', '.join(unknown)}; shipped: {', '.join(BUILTIN_RULES)}"
+            )
+        return v
+
+    def redactor(self) -> Redactor:
+        return Redactor.from_config(
+            self.builtin_rules,
+            [(r.name, r.pattern, r.replacement) for r in self.rules],
+            answers=self.answers,
+        )
+
+
 class BudgetSettings(_Strict):
     calls_per_minute: int = Field(600, ge=1)
     max_in_flight: int = Field(8, ge=1)
@@ -344,6 +389,8 @@ class Settings(BaseSettings):
     kafka: KafkaSettings = KafkaSettings()
     budget: BudgetSettings = BudgetSettings()
     review_token: SecretStr | None = None  # RELMON_REVIEW_TOKEN
+    redaction: RedactionSettings = RedactionSettings()
+    query_hash_key: SecretStr | None = None  # else generated into state_dir
     state_dir: Path = Field(default_factory=default_state_dir)
     log_format: Literal["json", "console"] = "json"
     log_prompts: bool = False
@@ -595,6 +642,7 @@ def effective_settings(settings: Settings) -> dict[str, Any]:
     data = settings.model_dump(mode="json")
     data["review"]["token"] = "**********" if settings.review.token else None
     data["review_token"] = "**********" if settings.review_token else None
+    data["query_hash_key"] = "**********" if settings.query_hash_key else None
     for task, raw in zip(data["tasks"], settings.tasks, strict=True):
         task["endpoint"]["api_key"] = "**********" if raw.endpoint.api_key else None
     data["environment_overrides"] = sorted(k for k in os.environ if k.startswith("RELMON_"))

@@ -14,6 +14,7 @@ A traffic event is one logged or mirrored LLM call::
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ __all__ = [
     "MAX_EVENT_BYTES",
     "TrafficEvent",
     "event_from_request",
+    "is_text",
     "parse_event",
     "query_hash",
     "query_text",
@@ -50,16 +52,46 @@ def _reject(reason: str) -> InputError:
     return InputError(reason)
 
 
-def _messages_ok(request: Mapping[str, Any]) -> bool:
+def is_text(value: object) -> bool:
+    """A ``str`` that is valid Unicode: no lone surrogates, which JSON's ``\\ud800``
+    escapes and undecodable header bytes produce and which no UTF-8 encoder (SQLite,
+    Kafka, the logs) accepts."""
+    if not isinstance(value, str):
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _content_ok(content: Any) -> bool:
+    """A message's content: text, null, or a list of parts whose ``text`` is text."""
+    if content is None:
+        return True
+    if isinstance(content, str):
+        return is_text(content)
+    if not isinstance(content, list):
+        return False
+    for part in content:
+        if not isinstance(part, dict):
+            return False
+        if "text" in part and not is_text(part["text"]):
+            return False
+    return True
+
+
+def _check_messages(request: Mapping[str, Any]) -> None:
     messages = request.get("messages")
-    return (
-        isinstance(messages, list)
-        and bool(messages)
-        and all(
-            isinstance(m, dict) and isinstance(m.get("role"), str) and "content" in m
-            for m in messages
-        )
-    )
+    if not isinstance(messages, list) or not messages:
+        raise _reject("'request' must be a chat request with a non-empty 'messages' list")
+    for m in messages:
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or "content" not in m:
+            raise _reject("'request' must be a chat request with a non-empty 'messages' list")
+        if not _content_ok(m["content"]):
+            raise _reject(
+                "a message's 'content' must be text, null or a list of parts whose 'text' is text"
+            )
 
 
 def _response_text(response: Any) -> str | None:
@@ -69,7 +101,7 @@ def _response_text(response: Any) -> str | None:
         content = response["choices"][0]["message"]["content"]
     except (KeyError, IndexError, TypeError):
         raise _reject("'response' has no choices[0].message.content") from None
-    if content is not None and not isinstance(content, str):
+    if content is not None and not is_text(content):
         raise _reject("'response' content is not a string")
     return content if isinstance(content, str) else None
 
@@ -86,6 +118,8 @@ def parse_event(
             obj = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise _reject(f"invalid JSON: {getattr(exc, 'msg', 'not UTF-8')}") from None
+        except ValueError:  # an integer of more than 4,300 digits (int_max_str_digits)
+            raise _reject("invalid JSON: a number is too long") from None
         except RecursionError:
             raise _reject("invalid JSON: nested too deeply") from None
     else:
@@ -95,14 +129,19 @@ def parse_event(
     item_id = obj.get("id")
     if isinstance(item_id, bool) or not isinstance(item_id, str | int) or str(item_id) == "":
         raise _reject("'id' must be a non-empty string")
+    if not is_text(str(item_id)):
+        raise _reject("'id' must be valid Unicode")
     request = obj.get("request")
-    if not isinstance(request, dict) or not _messages_ok(request):
+    if not isinstance(request, dict):
         raise _reject("'request' must be a chat request with a non-empty 'messages' list")
+    _check_messages(request)
     model = obj.get("model", request.get("model"))
     if not isinstance(model, str) or not model:
         raise _reject("'model' must be a non-empty string")
+    if not is_text(model):
+        raise _reject("'model' must be valid Unicode")
     task = obj.get("task")
-    if task is not None and (not isinstance(task, str) or not task):
+    if task is not None and (not is_text(task) or not task):
         raise _reject("'task' must be a non-empty string when present")
     ts = obj.get("ts")
     parsed_ts = None
@@ -154,10 +193,18 @@ def query_text(request: Mapping[str, Any]) -> str:
         if isinstance(content, str):
             parts.append(content)
         elif isinstance(content, list):  # content parts
-            parts.extend(p.get("text", "") for p in content if isinstance(p, dict))
+            parts.extend(
+                p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
+            )
     return "\n".join(parts)
 
 
-def query_hash(request: Mapping[str, Any]) -> str:
-    """A short stable hash of the query, safe to log instead of the text."""
-    return hashlib.sha256(query_text(request).encode("utf-8")).hexdigest()[:16]
+def query_hash(request: Mapping[str, Any], key: bytes) -> str:
+    """A short keyed hash (HMAC-SHA256) of the query, logged instead of the text.
+
+    Equal queries get equal hashes under one key, so repeats can be spotted in the
+    logs; without the key, a dictionary of likely prompts cannot be matched against
+    them (an unkeyed hash of a short prompt is reversed by trying candidates).
+    """
+    text = query_text(request).encode("utf-8", "surrogatepass")
+    return hmac.new(key, text, hashlib.sha256).hexdigest()[:16]

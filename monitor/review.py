@@ -18,6 +18,7 @@ from monitor.canon.base import INVALID, Canonicalizer, QueryContext
 from monitor.conformal import quantile_index
 from monitor.consensus import Consensus
 from monitor.errors import InputError
+from monitor.events import is_text
 from monitor.scores import rank_score
 
 __all__ = [
@@ -144,12 +145,12 @@ def parse_verdict(obj: Any, *, item_id: str | None = None, max_rank: int | None 
     if isinstance(obj, bytes | str):
         try:
             obj = json.loads(obj)
-        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+        except (ValueError, RecursionError):  # also a number over 4,300 digits
             raise InputError("verdict is not valid JSON") from None
     if not isinstance(obj, dict):
         raise InputError("verdict must be a JSON object")
     vid = item_id if item_id is not None else obj.get("item_id")
-    if not isinstance(vid, str) or not vid:
+    if not is_text(vid) or not vid:
         raise InputError("verdict needs an 'item_id'")
     ranks = obj.get("accepted_ranks", [])
     if not isinstance(ranks, list) or not all(
@@ -166,10 +167,10 @@ def parse_verdict(obj: Any, *, item_id: str | None = None, max_rank: int | None 
     if not none and not ranks:
         raise InputError("a verdict must accept at least one rank or be 'none of these'")
     correct = obj.get("correct_answer")
-    if correct is not None and not isinstance(correct, str):
+    if correct is not None and not is_text(correct):
         raise InputError("'correct_answer' must be a string")
     reviewer = obj.get("reviewer", "unknown")
-    if not isinstance(reviewer, str):
+    if not is_text(reviewer):
         raise InputError("'reviewer' must be a string")
     return Verdict(
         item_id=vid,

@@ -10,9 +10,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import logging
+import os
+import secrets
 import signal
-import sys
+import tempfile
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,37 +33,57 @@ from monitor.canon import get_canonicalizer
 from monitor.canon.base import Canonicalizer
 from monitor.config import Settings, TaskSettings, validate_settings
 from monitor.errors import ConfigError
+from monitor.logs import configure_logging
 from monitor.metrics import Metrics
 from monitor.ports import CalibrationStore, ReviewQueue
 from monitor.review import verdict_score
 from monitor.service import MonitorService, TaskRuntime
 from monitor.stopping import get_stopping_rule
 
-__all__ = ["Running", "configure_logging", "run_service", "start_service"]
+__all__ = [
+    "QUERY_HASH_KEY_FILE",
+    "Running",
+    "configure_logging",
+    "query_hash_key",
+    "run_service",
+    "start_service",
+]
+
+QUERY_HASH_KEY_FILE = "query-hash.key"
 
 log = structlog.get_logger("relmon")
 
 _ASYNC_ONLY = frozenset({"embedding", "llm"})
 
 
-def configure_logging(fmt: str) -> None:
-    """structlog: JSON lines (production) or console (a terminal), on stderr."""
-    renderer: Any = (
-        structlog.processors.JSONRenderer()
-        if fmt == "json"
-        else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
-    )
-    structlog.configure(
-        processors=[
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.processors.format_exc_info,
-            renderer,
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
-        cache_logger_on_first_use=False,
-    )
+def query_hash_key(settings: Settings) -> bytes:
+    """The key of the logged query hash: ``query_hash_key``, else the one generated
+    into ``state_dir/query-hash.key`` (mode 0600) at the first start and reused."""
+    if settings.query_hash_key is not None and settings.query_hash_key.get_secret_value():
+        return settings.query_hash_key.get_secret_value().encode("utf-8")
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    path = settings.state_dir / QUERY_HASH_KEY_FILE
+    if not path.exists():
+        # Written whole under another name, then linked: a crash never leaves a
+        # half-written key, and two starting processes agree on one key.
+        fd, tmp = tempfile.mkstemp(dir=settings.state_dir, prefix=".query-hash.")
+        try:
+            os.fchmod(fd, 0o600)
+            os.write(fd, secrets.token_hex(32).encode("ascii"))
+            os.fsync(fd)
+            os.close(fd)
+            with contextlib.suppress(FileExistsError):
+                os.link(tmp, path)
+        finally:
+            os.unlink(tmp)
+        log.info("query_hash_key_created", path=str(path))
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o077:
+        log.warning("query_hash_key_readable_by_others", path=str(path), mode=oct(mode))
+    key = path.read_bytes().strip()
+    if len(key) < 32:
+        raise ConfigError(f"{path}: the query hash key is too short (delete it to regenerate)")
+    return key
 
 
 def _judge_client(*, endpoint: str, model: str, **options: Any) -> OpenAIClient:
@@ -193,6 +214,8 @@ async def start_service(settings: Settings, *, review_token: str | None = None) 
         budget=settings.budget,
         seed=settings.seed or 0,
         log_prompts=settings.log_prompts,
+        query_hash_key=query_hash_key(settings),
+        redactor=settings.redaction.redactor(),
     )
     await service.load()
     if kafka_store is not None:  # the queue's depth starts from the replayed items
@@ -268,6 +291,9 @@ async def start_service(settings: Settings, *, review_token: str | None = None) 
             max_body_bytes=settings.traffic.max_body_bytes,
         )
         await running.traffic_server.start()
+        if running.review_server is not None:  # described in the review port's /openapi.json
+            host, port = settings.traffic.host, running.traffic_server.bound_port
+            running.review_server.traffic_url = f"http://{host}:{port}"
     if settings.kafka.enabled:
         from adapters.kafka_source import KafkaEventSource
 

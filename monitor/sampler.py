@@ -12,14 +12,9 @@ held by items still in flight, over ``per_minute``.
 from __future__ import annotations
 
 import hashlib
-import re
 from collections import deque
 
-__all__ = ["CallBudget", "hash_fraction", "redact", "sampled"]
-
-_EMAIL = re.compile(r"[\w.+-]+@[\w-]+\.[\w.-]+")
-_LONG_DIGITS = re.compile(r"\b(?:\d[ -]?){12,}\b")
-_SECRETISH = re.compile(r"\b(?:sk|pk|api|key|token)[-_][A-Za-z0-9_-]{12,}\b", re.IGNORECASE)
+__all__ = ["CallBudget", "hash_fraction", "sampled"]
 
 
 def hash_fraction(task: str, item_id: str) -> float:
@@ -30,13 +25,6 @@ def hash_fraction(task: str, item_id: str) -> float:
 
 def sampled(task: str, item_id: str, rate: float) -> bool:
     return hash_fraction(task, item_id) < rate
-
-
-def redact(text: str) -> str:
-    """Mask e-mail addresses, long digit runs (cards, phones) and key-like tokens."""
-    text = _EMAIL.sub("[email]", text)
-    text = _SECRETISH.sub("[secret]", text)
-    return _LONG_DIGITS.sub("[number]", text)
 
 
 class CallBudget:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import secrets
 from collections import Counter, OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -44,6 +45,7 @@ from monitor.ports import (
     VerdictOutcome,
 )
 from monitor.priority import review_probability
+from monitor.redaction import Redactor
 from monitor.review import (
     ReviewItem,
     TaskProgress,
@@ -51,7 +53,7 @@ from monitor.review import (
     minimum_calibration_items,
     verdict_score,
 )
-from monitor.sampler import CallBudget, redact, sampled
+from monitor.sampler import CallBudget, sampled
 from monitor.scores import set_size
 from monitor.stopping import StoppingRule
 from monitor.window import CalibrationWindow, WindowSnapshot
@@ -139,6 +141,8 @@ class MonitorService:
         clock: Clock | None = None,
         seed: int = 0,
         log_prompts: bool = False,
+        query_hash_key: bytes | None = None,
+        redactor: Redactor | None = None,
     ) -> None:
         if not tasks:
             raise ValueError("at least one task is needed")
@@ -161,6 +165,9 @@ class MonitorService:
         self.clock = clock or SystemClock()
         self.seed = seed
         self.log_prompts = log_prompts
+        # The key of the logged query hash (HMAC); a random one per process if none.
+        self.query_hash_key = query_hash_key or secrets.token_bytes(32)
+        self.redactor = redactor or Redactor.default()
         self.budget_settings = budget
         self.budget = CallBudget(budget.calls_per_minute, self.clock.monotonic())
         self.queue: asyncio.Queue[_Job] = asyncio.Queue(maxsize=budget.queue_size)
@@ -426,7 +433,9 @@ class MonitorService:
                 model=model,
                 source=job.source,
                 query=(
-                    query_text(event.request) if self.log_prompts else query_hash(event.request)
+                    query_text(event.request)
+                    if self.log_prompts
+                    else query_hash(event.request, self.query_hash_key)
                 ),
                 k=consensus.k,
                 classes=len(consensus.classes),
@@ -435,6 +444,7 @@ class MonitorService:
                 set_size=sizes[task.target_alpha],
                 reviewed=reviewed,
                 seconds=round(self.clock.monotonic() - started, 3),
+                **({"answer": consensus.classes[0]} if self.log_prompts else {}),
             )
         finally:
             self.budget.settle(job.reserved, used, self.clock.monotonic())
@@ -456,8 +466,8 @@ class MonitorService:
             item_id=f"{task.name}:{event.id}",
             model=model,
             task=task.name,
-            query=redact(query_text(event.request)),
-            consensus=consensus,
+            query=self.redactor.redact(query_text(event.request)),
+            consensus=self.redactor.redact_consensus(consensus),
             inclusion_probability=pi,
             sampled_at=job.sampled_at,
             thresholds=thresholds,

@@ -1,0 +1,184 @@
+"""Hostile input over real HTTP to a real ``relmon run``: a 4xx or a counted rejection,
+never a 500 or a traceback, and the service keeps going.
+
+Raw sockets send what HTTP client libraries refuse to send (header bytes that are not
+UTF-8). Each rejection is checked in ``relmon_traffic_events_total{decision="rejected"}``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+
+from tests.security import (
+    PROMPT,
+    TOKEN,
+    ModelThread,
+    RelmonProcess,
+    get,
+    log_lines,
+    post,
+    raw_http,
+    wait_for,
+)
+
+pytestmark = pytest.mark.timeout(240)
+
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+REJECTED = {"source": "mirror", "decision": "rejected"}
+
+
+@pytest.fixture(scope="module")
+def relmon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RelmonProcess]:
+    model = ModelThread()
+    url = model.start()
+    proc = RelmonProcess(tmp_path_factory.mktemp("hostile"), url)
+    try:
+        yield proc.start()
+    finally:
+        proc.stop()
+        model.stop()
+
+
+@pytest.fixture(scope="module")
+def item_id(relmon: RelmonProcess) -> str:
+    """A review item to post verdicts to."""
+    assert relmon.mirror(PROMPT, "hostile-item") == 202
+    found: list[str] = []
+
+    def waiting() -> bool:
+        status, body = get(relmon.url("review", "/api/reviews/chat:hostile-item"), AUTH)
+        if status == 200:
+            found.append(json.loads(body)["item_id"])
+        return bool(found)
+
+    wait_for(waiting, 60, "the review item never appeared")
+    return found[0]
+
+
+def _rejected_after(relmon: RelmonProcess, send: object) -> None:
+    """``send()`` is answered 202 and adds exactly one rejection."""
+    before = relmon.metric("relmon_traffic_events_total", **REJECTED)
+    assert callable(send)
+    assert send() == 202
+    wait_for(
+        lambda: relmon.metric("relmon_traffic_events_total", **REJECTED) == before + 1,
+        30,
+        "the rejection was not counted",
+    )
+
+
+@pytest.fixture(autouse=True)
+def no_tracebacks(relmon: RelmonProcess) -> Iterator[None]:
+    """What relmon logged during the test: JSON lines, no traceback, nothing failed."""
+    start = len(relmon.stderr_path.read_bytes())
+    yield
+    new = relmon.stderr_path.read_bytes()[start:].decode("utf-8", "replace")
+    bad = [
+        line
+        for line in log_lines(new)
+        if "exception" in line
+        or line.get("event") in ("item_failed", "traffic_sink_failed", "traffic_event_failed")
+        or line.get("level") in ("error", "critical")
+    ]
+    assert not bad, bad[:3]
+    assert "Traceback" not in new
+
+
+@pytest.mark.parametrize(
+    "value", [b"Bearer \xff\xfe\xfd", b"Bearer " + TOKEN.encode() + b"\x80", b"\xc3\x28 x"]
+)
+def test_authorization_that_is_not_utf8_is_401(relmon: RelmonProcess, value: bytes) -> None:
+    for path in (b"/api/reviews/next", b"/api/review-page/progress"):
+        request = (
+            b"GET " + path + b" HTTP/1.1\r\nHost: x\r\nAuthorization: " + value + b"\r\n"
+            b"Connection: close\r\n\r\n"
+        )
+        status, body = raw_http(relmon.ports["review"], request)
+        assert status == 401, body
+        assert json.loads(body)["error"] in ("invalid token", "missing bearer token")
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"accepted_ranks": [' + b"9" * 5000 + b"]}",
+        b'{"none_of_these": true, "reviewer": ' + b"1" * 5000 + b"}",
+        b"[" * 30_000 + b"]" * 30_000,
+        b'{"none_of_these": true, "correct_answer": "\\ud800"}',
+        b'{"none_of_these": true, "reviewer": "\\udfff"}',
+    ],
+    ids=["5000-digit rank", "5000-digit reviewer", "nested", "surrogate answer", "surrogate"],
+)
+def test_garbage_verdicts_are_400(relmon: RelmonProcess, item_id: str, body: bytes) -> None:
+    status, answer = post(relmon.url("review", f"/api/reviews/{item_id}"), body, AUTH)
+    assert status == 400, answer
+    page = relmon.url("review", f"/api/review-page/verdicts/{item_id}?session=s1")
+    status, answer = post(page, body, AUTH)
+    assert status == 400, answer
+
+
+def test_request_id_that_is_not_utf8_is_a_counted_rejection(relmon: RelmonProcess) -> None:
+    body = json.dumps({"model": "pii-model", "messages": [{"role": "user", "content": "hi"}]})
+
+    def send() -> int:
+        request = (
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"X-Request-Id: req-\xff\xfe-1\r\nConnection: close\r\n"
+            b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body.encode()
+        )
+        return raw_http(relmon.ports["traffic"], request)[0]
+
+    _rejected_after(relmon, send)
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        [{"type": "text", "text": 5}],
+        [{"type": "text", "text": {"nested": ["garbage"]}}],
+        [{"type": "text", "text": None}],
+        ["not a part"],
+        {"text": "a dict, not a list"},
+        "lone surrogate \ud800",
+    ],
+    ids=["int", "dict", "null", "string part", "dict content", "surrogate"],
+)
+def test_content_that_is_not_text_is_a_counted_rejection(
+    relmon: RelmonProcess, content: object
+) -> None:
+    rid = f"content-{abs(hash(json.dumps(content)))}"
+    _rejected_after(relmon, lambda: relmon.mirror(content, rid))
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"model": "pii-model", "messages": [{"role": "user", "content": "x"}], "n": '
+        + b"7" * 5000
+        + b"}",
+        b'{"model": "pii-model", "messages": ' + b"[" * 50_000 + b"]" * 50_000 + b"}",
+        b'{"model": "\\ud800", "messages": [{"role": "user", "content": "x"}]}',
+    ],
+    ids=["5000-digit number", "nested", "surrogate model"],
+)
+def test_malformed_mirror_bodies_are_counted_rejections(relmon: RelmonProcess, raw: bytes) -> None:
+    url = relmon.url("traffic", "/v1/chat/completions")
+    _rejected_after(relmon, lambda: post(url, raw, {"X-Request-Id": f"raw-{len(raw)}"})[0])
+
+
+def test_the_service_still_works_afterwards(relmon: RelmonProcess, item_id: str) -> None:
+    status, body = post(
+        relmon.url("review", f"/api/reviews/{item_id}"), b'{"accepted_ranks": [1]}', AUTH
+    )
+    assert status == 200 and json.loads(body)["status"] in ("applied", "duplicate")
+    assert get(relmon.url("metrics", "/healthz"))[0] == 200
+    scored = relmon.metric("relmon_items_total", model="pii-model", task="chat", outcome="scored")
+    assert scored >= 1
+
+
+def test_log_is_json_only(relmon: RelmonProcess) -> None:
+    assert relmon.stdout() == ""
+    assert log_lines(relmon.stderr())

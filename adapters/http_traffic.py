@@ -75,6 +75,7 @@ HOP_BY_HOP_HEADERS = frozenset({
 # fmt: on
 _MAX_REQUEST_ID = 256
 _WHOLE_BODY_BYTES = 65_536
+_MAX_INFLATED_BYTES = 16 * 1_048_576
 _log = structlog.get_logger(__name__)
 
 
@@ -107,7 +108,7 @@ def json_response_text(body: bytes) -> str | None:
     """``choices[0].message.content`` of a chat completion body, ``None`` if absent."""
     try:
         content = json.loads(body)["choices"][0]["message"]["content"]
-    except (ValueError, KeyError, IndexError, TypeError):
+    except (ValueError, KeyError, IndexError, TypeError, RecursionError):
         return None
     return content if isinstance(content, str) else None
 
@@ -124,7 +125,7 @@ def sse_response_text(body: bytes) -> str | None:
             break
         try:
             choices = json.loads(payload)["choices"]
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):
             continue
         if not isinstance(choices, list):
             continue
@@ -143,10 +144,13 @@ def _decoded(body: bytes, encoding: str) -> bytes | None:
     if encoding in ("", "identity"):
         return body
     if encoding in ("gzip", "x-gzip", "deflate"):
+        inflate = zlib.decompressobj(wbits=47)  # gzip or zlib header, auto-detected
         try:
-            return zlib.decompress(body, wbits=47)  # gzip or zlib header, auto-detected
+            out = inflate.decompress(body, _MAX_INFLATED_BYTES)
         except zlib.error:
             return None
+        # A body that inflates past the cap (a compression bomb) is not sampled.
+        return out if inflate.eof and not inflate.unconsumed_tail else None
     return None  # br, zstd, …: the answer text stays unknown
 
 

@@ -84,7 +84,7 @@ __all__ = [
 DEFAULT_THRESHOLD: Final = 0.85
 PREFIX: Final = "emb:"
 _EDGE_PUNCTUATION: Final = " .,;:!?\"'`\u201c\u201d\u2018\u2019\u00ab\u00bb"
-_TIE_TOLERANCE: Final = 1e-9
+_TIE_TOLERANCE: Final = 1e-6  # float32 embeddings: sums of cosines agree only to ~1e-7
 _T = TypeVar("_T")
 _OFFLINE_ENV: Final = {
     "HF_HUB_OFFLINE": "1",
@@ -117,7 +117,8 @@ def partition(
     ``texts`` are distinct strings, ``counts`` how often each occurred and
     ``similarity[i, j]`` their cosine similarity. Clusters are the connected components
     of ``similarity >= threshold``; a cluster's medoid maximises the mean similarity to
-    the cluster's other occurrences; ties (within 1e-9) go to the smallest text.
+    the cluster's other occurrences; ties (within 1e-6: float32 embeddings make sums of
+    equal cosines differ by ~1e-7) go to the smallest text.
     """
     m = len(texts)
     if len(counts) != m or similarity.shape != (m, m):

@@ -84,9 +84,9 @@ def test_partition_ties_tolerate_float32_noise() -> None:
     # The real model's case: "forty-two" (twice) and two texts with identical embeddings
     # score the same in exact arithmetic, but float32 cosines differ by ~2e-7.
     s = float(np.float32(0.949292))
-    sim = np.array([[0.9999999, s, s], [s, 1.0, 1.0], [s, 1.0, 1.0]])
+    sim = np.array([[1.0, s, s], [s, 1.0, 1.0 - 2e-7], [s, 1.0 - 2e-7, 1.0]])
     texts = ["forty-two", "Forty two", "forty two"]
-    assert partition(texts, [2, 1, 1], sim + 3e-7 * np.eye(3)[0], 0.5) == ["Forty two"] * 3
+    assert partition(texts, [2, 1, 1], sim, 0.5) == ["Forty two"] * 3
     # A real difference (1e-4) is not a tie.
     sim[1, 2] = sim[2, 1] = 1.0 - 1e-4
     assert partition(texts, [2, 1, 1], sim, 0.5) == ["forty-two"] * 3

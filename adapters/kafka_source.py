@@ -522,6 +522,11 @@ class KafkaEventSource(KafkaConsumerBase):
                 return  # failing, or revoked while sending (the new owner takes over)
         st.next_offset = records[-1].offset + 1
 
+    @property
+    def paused(self) -> bool:
+        """Holding events until the service has room for them (partitions paused)."""
+        return bool(self._held)
+
     def _hold(self, tp: Any, st: PartitionProgress, records: Sequence[Any]) -> None:
         if not self._held:
             log.info("kafka.paused", topic=self._topic, reason="budget")

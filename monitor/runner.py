@@ -14,7 +14,7 @@ import os
 import secrets
 import signal
 import tempfile
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -327,16 +327,20 @@ def _activity(service: MonitorService) -> tuple[int, ...]:
     return (sum(s.by_decision.values()), s.scored, s.abandoned, s.verdicts, service.in_flight)
 
 
-async def _wait_idle(service: MonitorService, idle_s: float, poll_s: float = 0.2) -> None:
+async def _wait_idle(
+    service: MonitorService, idle_s: float, poll_s: float = 0.2, sources: Sequence[Any] = ()
+) -> None:
     """Return once nothing happened for ``idle_s`` after the first activity, or for
-    5 x ``idle_s`` if nothing ever happens (sources may take seconds to join a group)."""
+    5 x ``idle_s`` if nothing ever happens (sources may take seconds to join a group).
+    A source holding events until the budget allows (``paused``) is not quiet."""
     start = _activity(service)
     last, quiet, waited = start, 0.0, 0.0
     while True:
         await asyncio.sleep(poll_s)
         waited += poll_s
         now = _activity(service)
-        quiet = quiet + poll_s if now == last and service.in_flight == 0 else 0.0
+        busy = service.in_flight > 0 or any(getattr(s, "paused", False) for s in sources)
+        quiet = quiet + poll_s if now == last and not busy else 0.0
         last = now
         if quiet >= idle_s and (now != start or waited >= 5 * idle_s):
             return
@@ -366,7 +370,7 @@ async def run_service(
     refresher = asyncio.create_task(refresh())
     try:
         if drain:
-            idle = asyncio.create_task(_wait_idle(running.service, idle_s))
+            idle = asyncio.create_task(_wait_idle(running.service, idle_s, sources=running.sources))
             stopped = asyncio.create_task(stop.wait())
             await asyncio.wait({idle, stopped}, return_when=asyncio.FIRST_COMPLETED)
             idle.cancel()

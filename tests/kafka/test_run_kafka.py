@@ -9,6 +9,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -195,3 +196,60 @@ async def test_kafka_drain_end_to_end_and_replay_restart(
     assert (
         second[("relmon_traffic_events_total", (("decision", "sampled"), ("source", "kafka")))] == 0
     )
+
+
+async def test_kafka_backlog_over_budget_is_paced_to_the_end_in_drain_mode(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """The operator's case: a backlog larger than the budget. relmon run --drain takes
+    all of it at the budget's pace (nothing dropped) and stops only when it is done."""
+    topics = {
+        k: await new_topic(kafka_bootstrap, k, partitions=2 if k == "traffic" else 1)
+        for k in ("traffic", "review", "verdict", "dlq", "verdict-dlq")
+    }
+    bank = QuestionBank(size=480, seed=2)
+    model = SimulatedModel(quality=0.9, drift_after_s=None, bank=bank, seed=8)
+    url = await model.start()
+    events = [
+        json.dumps(
+            {
+                "id": f"b{i}",
+                "model": "sim-arith-1",
+                "request": {"messages": [{"role": "user", "content": q}]},
+            }
+        ).encode()
+        for i, (q, _) in enumerate(bank.questions)
+    ]
+    await produce(kafka_bootstrap, topics["traffic"], events)
+    cfg, out, log = tmp_path / "relmon.yaml", tmp_path / "m.prom", tmp_path / "relmon.log"
+    config(cfg, url, kafka_bootstrap, topics=topics, group=unique("paced"), port=free_port())
+    text = (
+        cfg.read_text()
+        .replace("k_max: 10", "k_max: 3\n    k0: 3")
+        .replace("review_rate: 1.0", "review_rate: 0.05")
+    )
+    cfg.write_text(text + "budget: {calls_per_minute: 1200, queue_size: 16}\n")
+    started = time.monotonic()
+    proc = await run_relmon(cfg, out, 3, log)
+    try:
+        assert await asyncio.to_thread(proc.wait, 200) == 0, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        await model.stop()
+    elapsed = time.monotonic() - started
+    m = metrics_of(out.read_text())
+
+    def decision(d: str) -> float:
+        return m[("relmon_traffic_events_total", (("decision", d), ("source", "kafka")))]
+
+    assert decision("sampled") == 480
+    assert decision("dropped") == decision("skipped") == decision("rejected") == 0
+    labels = (("model", "sim-arith-1"), ("outcome", "scored"), ("task", "arithmetic"))
+    assert m[("relmon_items_total", labels)] == 480
+    # The budget (20 calls a second after a bucket of 1,200) was kept: 1,440 calls
+    # cannot have been made in less than 12 s.
+    assert model.calls == 480 * 3
+    assert elapsed >= (model.calls - 1200) / 20
+    assert '"kafka.paused"' in log.read_text()

@@ -82,14 +82,31 @@ _SCHEMAS: dict[str, Any] = {
         },
     },
     "Verdict": {
-        "type": "object",
         "description": "Accept ranks, or none of these (optionally with the correct answer).",
-        "properties": {
-            "accepted_ranks": {"type": "array", "items": {"type": "integer", "minimum": 1}},
-            "none_of_these": {"type": "boolean"},
-            "correct_answer": {"type": "string"},
-            "reviewer": {"type": "string", "maxLength": 128},
-        },
+        "oneOf": [
+            {
+                "type": "object",
+                "required": ["accepted_ranks"],
+                "properties": {
+                    "accepted_ranks": {
+                        "type": "array",
+                        "minItems": 1,
+                        "items": {"type": "integer", "minimum": 1},
+                    },
+                    "none_of_these": {"type": "boolean", "enum": [False]},
+                    "reviewer": {"type": "string", "maxLength": 128},
+                },
+            },
+            {
+                "type": "object",
+                "required": ["none_of_these"],
+                "properties": {
+                    "none_of_these": {"type": "boolean", "enum": [True]},
+                    "correct_answer": {"type": "string"},
+                    "reviewer": {"type": "string", "maxLength": 128},
+                },
+            },
+        ],
     },
     "VerdictResult": {
         "type": "object",

@@ -11,6 +11,8 @@ from collections.abc import Callable
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from adapters import http_expect
+
 __all__ = ["MetricsServer"]
 
 Readiness = Callable[[], list[str]]
@@ -58,6 +60,7 @@ class MetricsServer:
                 web.get("/readyz", self._readyz),
             ]
         )
+        http_expect.install(app)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Protocol
 import structlog
 from aiohttp import web
 
+from adapters import http_expect
 from adapters.http_openapi import openapi_document
 from adapters.http_review_page import ReviewPage
 from monitor.errors import ConfigError, InputError, RelmonError
@@ -114,6 +115,7 @@ class ReviewServer:
         app.router.add_get("/api/reviews/next", self._next)
         app.router.add_get("/api/reviews/{item_id:.+}", self._get)
         app.router.add_post("/api/reviews/{item_id:.+}", self._post)
+        http_expect.install(app)
         return app
 
     async def start(self) -> None:

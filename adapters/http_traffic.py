@@ -46,6 +46,7 @@ from aiohttp.abc import AbstractAccessLogger
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
+from adapters import http_expect
 from monitor.errors import ConfigError, InputError
 from monitor.events import TrafficEvent, event_from_request, is_text, parse_event
 from monitor.ports import EventSink
@@ -255,6 +256,7 @@ class TrafficServer:
         app = web.Application(client_max_size=self._max_body)
         handler = self._mirror if self._mode == "mirror" else self._proxy
         app.router.add_route("*", "/{tail:.*}", handler)
+        http_expect.install(app)
         if self._mode == "proxy":
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(

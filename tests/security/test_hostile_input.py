@@ -11,6 +11,8 @@ import json
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.security import (
     PROMPT,
@@ -182,3 +184,51 @@ def test_the_service_still_works_afterwards(relmon: RelmonProcess, item_id: str)
 def test_log_is_json_only(relmon: RelmonProcess) -> None:
     assert relmon.stdout() == ""
     assert log_lines(relmon.stderr())
+
+
+@pytest.mark.parametrize("port", ["metrics", "review", "traffic"])
+@pytest.mark.parametrize("path", [b"/metrics", b"/api/reviews/next", b"/v1/chat/completions"])
+def test_an_expect_header_that_is_not_utf8_is_417_not_echoed(
+    relmon: RelmonProcess, port: str, path: bytes
+) -> None:
+    request = (
+        b"POST " + path + b" HTTP/1.1\r\nHost: x\r\nExpect: zz-\xff\xfe-echo\r\n"
+        b"Authorization: Bearer " + TOKEN.encode() + b"\r\nContent-Length: 2\r\n"
+        b"Connection: close\r\n\r\n{}"
+    )
+    status, body = raw_http(relmon.ports[port], request)
+    assert status == 417
+    assert b"echo" not in body
+
+
+HEADERS = [b"Authorization", b"Expect", b"X-Request-Id", b"X-Relmon-Task", b"Content-Type"]
+HEADERS += [b"Cookie", b"Accept", b"Content-Encoding", b"X-Forwarded-For", b"Origin"]
+PATHS = [b"/api/reviews/next", b"/api/reviews/chat:x", b"/api/review-page/progress"]
+PATHS += [b"/api/review-page/release/x?session=s", b"/v1/chat/completions", b"/review"]
+PATHS += [b"/openapi.json", b"/metrics", b"/readyz", b"/nowhere"]
+# Header values: any byte but CR, LF and NUL (which end or break the header line).
+VALUE = st.binary(max_size=24).map(lambda b: b.translate(None, b"\r\n\x00"))
+
+
+@settings(max_examples=150, derandomize=True, deadline=None, database=None)
+@given(
+    port=st.sampled_from(["metrics", "review", "traffic"]),
+    method=st.sampled_from([b"GET", b"POST", b"DELETE", b"PUT"]),
+    path=st.sampled_from(PATHS),
+    headers=st.lists(st.tuples(st.sampled_from(HEADERS), VALUE), max_size=4),
+    body=st.sampled_from([b"", b"{}", b'{"none_of_these": true}', b"\xff\xfe{", PROMPT.encode()]),
+)
+def test_random_header_bytes_never_give_a_5xx(
+    *,
+    relmon: RelmonProcess,
+    port: str,
+    method: bytes,
+    path: bytes,
+    headers: list[tuple[bytes, bytes]],
+    body: bytes,
+) -> None:
+    lines = [b"Host: x", b"Connection: close", b"Content-Length: " + str(len(body)).encode()]
+    lines += [name + b": " + value for name, value in headers]
+    request = method + b" " + path + b" HTTP/1.1\r\n" + b"\r\n".join(lines) + b"\r\n\r\n" + body
+    status, _ = raw_http(relmon.ports[port], request)
+    assert 200 <= status < 500, (status, request[:200])

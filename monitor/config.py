@@ -632,6 +632,12 @@ def validate_settings(settings: Settings, *, review_token: str | None = None) ->
                 "review.token: the review API needs a token: set RELMON_REVIEW_TOKEN, "
                 "review.token or review.token_file"
             )
+    if settings.review.backend != "http" and settings.query_hash_key is None:
+        problem = _state_dir_problem(settings.state_dir)
+        if problem:  # the generated query hash key is kept there
+            problems.append(
+                f"state_dir: {problem} (it keeps the query hash key; or set query_hash_key)"
+            )
     if problems:
         raise ConfigError("\n".join(f"{settings._source}: {p}" for p in problems))
     return [f"{settings._source}: {w}" for w in budget_warnings(settings)]

@@ -77,10 +77,13 @@ def query_hash_key(settings: Settings) -> bytes:
         finally:
             os.unlink(tmp)
         log.info("query_hash_key_created", path=str(path))
-    mode = path.stat().st_mode & 0o777
+    try:
+        mode = path.stat().st_mode & 0o777
+        key = path.read_bytes().strip()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the query hash key: {exc.strerror}") from None
     if mode & 0o077:
         log.warning("query_hash_key_readable_by_others", path=str(path), mode=oct(mode))
-    key = path.read_bytes().strip()
     if len(key) < 32:
         raise ConfigError(f"{path}: the query hash key is too short (delete it to regenerate)")
     return key

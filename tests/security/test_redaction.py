@@ -3,19 +3,22 @@ items, and the stdlib log redaction of credential headers."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from adapters.canon_registry import get_async_canonicalizer
-from monitor.config import BudgetSettings, TaskSettings, load_settings
+from monitor.config import BudgetSettings, TaskSettings, load_settings, validate_settings
 from monitor.consensus import Consensus
 from monitor.errors import ConfigError
 from monitor.events import TrafficEvent
 from monitor.logs import redact_secrets
 from monitor.metrics import Metrics
 from monitor.redaction import BUILTIN_RULES, Redactor, luhn_valid
+from monitor.runner import query_hash_key
 from monitor.service import MonitorService, TaskRuntime
 from monitor.stopping import get_stopping_rule
 from monitor.testing import FakeModelClient, InMemoryStore
@@ -140,3 +143,28 @@ def _task(answer: str) -> TaskRuntime:
         get_stopping_rule(settings.stopping_rule, k0=3, k_max=3, delta=0.05),
         FakeModelClient(lambda query, i: answer),
     )
+
+
+def test_kafka_backend_needs_a_usable_state_dir_for_the_generated_key(tmp_path: Path) -> None:
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    base = {
+        "tasks": [{"name": "t", "endpoint": {"model": "m"}}],
+        "kafka": {"enabled": True},
+        "review": {"backend": "kafka"},
+        "state_dir": a_file,
+    }
+    with pytest.raises(ConfigError, match=r"state_dir: .*query hash key"):
+        validate_settings(load_settings(None, **base))
+    # With the key configured, no state is written: the state dir is not needed.
+    assert validate_settings(load_settings(None, **base, query_hash_key="k" * 32)) == []
+
+
+def test_an_unreadable_key_file_is_a_config_error(tmp_path: Path) -> None:
+    settings = load_settings(None, state_dir=tmp_path)
+    (tmp_path / "query-hash.key").mkdir()  # exists, cannot be read as a file
+    with pytest.raises(ConfigError, match="cannot read the query hash key"):
+        query_hash_key(settings)
+    other = load_settings(None, state_dir=tmp_path / "fresh")
+    key = query_hash_key(other)
+    assert len(key) == 64 and query_hash_key(other) == key  # generated once, reused

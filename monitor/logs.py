@@ -109,8 +109,7 @@ def configure_logging(fmt: str, *, level: int = logging.INFO) -> None:
             root.removeHandler(old)
     handler._relmon = True  # type: ignore[attr-defined]
     root.addHandler(handler)
-    root.setLevel(level)
-    # aiohttp's access log of the review and metrics servers: one line per scrape or
-    # poll is noise (the traffic server has its own, header-free access log).
-    logging.getLogger("aiohttp.access").setLevel(max(level, logging.WARNING))
+    # Libraries' info lines (aiokafka's group joins, aiohttp's access log: a line per
+    # scrape or poll) are noise; their warnings and errors come through.
+    root.setLevel(max(level, logging.WARNING))
     logging.captureWarnings(True)

@@ -325,3 +325,25 @@ async def test_replay_keeps_verdicts_past_an_under_reported_end_offset(
     assert store.unknown_verdicts == 0
     assert store.pending_item_ids() == set()
     await store.aclose()
+
+
+async def test_replay_keeps_review_items_submitted_concurrently(
+    kafka_bootstrap: str, producer: AIOKafkaProducer
+) -> None:
+    """The cause of the flaky restart test: relmon's workers submit review items at the
+    same time, the producer sends them as one batch, and Tansu reports the end offset of
+    the batch's first record. A replay that stopped there lost the batch's other items
+    (26 of 30 here before the fix) and so their verdicts."""
+    reviews = await new_topic(kafka_bootstrap, "reviews")
+    verdicts = await new_topic(kafka_bootstrap, "verdicts")
+    queue = KafkaReviewQueue(producer, reviews)
+    for n in range(25):
+        await queue.submit(item(n))
+    await asyncio.gather(*(queue.submit(item(n)) for n in range(25, 30)))
+    for n in range(30):
+        await producer.send_and_wait(verdicts, verdict(f"item-{n}", 1), key=f"item-{n}".encode())
+    store = KafkaCalibrationStore(kafka_bootstrap, reviews, verdicts, verdict_score)
+    records = await store.load_records()
+    assert sorted(r.item_id for r in records) == sorted(f"item-{n}" for n in range(30))
+    assert store.unknown_verdicts == 0 and store.waiting == []
+    await store.aclose()

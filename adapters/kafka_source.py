@@ -62,7 +62,9 @@ __all__ = [
     "KafkaEventSource",
     "KafkaUnavailableError",
     "PartitionProgress",
+    "close_clients",
     "dead_letter_headers",
+    "has_live_connection",
     "parse_event_bytes",
 ]
 
@@ -114,6 +116,35 @@ def parse_event_bytes(value: bytes | None, max_bytes: int = MAX_EVENT_BYTES) -> 
         return parse_event(raw, max_bytes=max_bytes)
     except RecursionError:  # parse_event lets json's nesting limit through
         raise InputError("invalid JSON: nested too deeply") from None
+
+
+def has_live_connection(client: Any) -> bool:
+    """Whether an (aiokafka) client holds at least one live broker connection."""
+    conns = getattr(getattr(client, "_client", None), "_conns", None)
+    if conns is None:
+        return True
+    return any(conn.connected() for conn in list(conns.values()))
+
+
+async def close_clients(clients: Sequence[Any], topic: str) -> None:
+    """Stop each started aiokafka client, also when the broker is gone."""
+    for client in clients:
+        if client is None:
+            continue
+        try:
+            await client.stop()
+        except KafkaError as exc:
+            log.warning("kafka.close_failed", error=type(exc).__name__)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
+            # aiokafka's fetcher re-raises the cancellation of its own retry sleep
+            # when the broker is gone; finish closing the connections by hand.
+            log.warning("kafka.close_interrupted", topic=topic)
+            inner = getattr(client, "_client", None)
+            if inner is not None:
+                await inner.close()
 
 
 class KafkaUnavailableError(RelmonError):
@@ -328,29 +359,10 @@ class KafkaConsumerBase:
         """Started, not stopped or failed, and holding a live broker connection."""
         if self._consumer is None or self._closed or self._failure is not None:
             return False
-        conns = getattr(getattr(self._consumer, "_client", None), "_conns", None)
-        if conns is None:
-            return True
-        return any(conn.connected() for conn in list(conns.values()))
+        return has_live_connection(self._consumer)
 
     async def _close_clients(self) -> None:
-        for client in (self._consumer, self._producer):
-            if client is None:
-                continue
-            try:
-                await client.stop()
-            except KafkaError as exc:
-                log.warning("kafka.close_failed", error=type(exc).__name__)
-            except asyncio.CancelledError:
-                task = asyncio.current_task()
-                if task is not None and task.cancelling():
-                    raise
-                # aiokafka's fetcher re-raises the cancellation of its own retry sleep
-                # when the broker is gone; finish closing the connections by hand.
-                log.warning("kafka.close_interrupted", topic=self._topic)
-                inner = getattr(client, "_client", None)
-                if inner is not None:
-                    await inner.close()
+        await close_clients((self._consumer, self._producer), self._topic)
 
     # -- subclass hooks ----------------------------------------------------------------
 

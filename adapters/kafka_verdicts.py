@@ -24,7 +24,13 @@ from adapters.kafka_review import (
     KafkaReviewQueue,
     review_item_of,
 )
-from adapters.kafka_source import CLIENT_OPTION_KEYS, KafkaUnavailableError, dead_letter_headers
+from adapters.kafka_source import (
+    CLIENT_OPTION_KEYS,
+    KafkaUnavailableError,
+    close_clients,
+    dead_letter_headers,
+    has_live_connection,
+)
 from monitor.errors import ConfigError, InputError
 from monitor.ports import VerdictHandler
 from monitor.review import ReviewItem, Verdict, parse_verdict
@@ -197,10 +203,7 @@ class KafkaVerdictConsumer:
         """Started, not stopped or failed, and holding a live broker connection."""
         if self._consumer is None or self._closed or self._failure is not None:
             return False
-        conns = getattr(getattr(self._consumer, "_client", None), "_conns", None)
-        if conns is None:
-            return True
-        return any(conn.connected() for conn in list(conns.values()))
+        return has_live_connection(self._consumer)
 
     async def _assign(self) -> None:
         """Assign every partition of the topics (new topics and partitions included)."""
@@ -303,10 +306,4 @@ class KafkaVerdictConsumer:
         )
 
     async def _close_clients(self) -> None:
-        for client in (self._consumer, self._producer):
-            if client is None:
-                continue
-            try:
-                await client.stop()
-            except KafkaError as exc:
-                log.warning("kafka.close_failed", error=type(exc).__name__)
+        await close_clients((self._consumer, self._producer), self._store.verdict_topic)

@@ -9,13 +9,16 @@ import os
 import socket
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
+import yaml
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 __all__ = [
     "FAST_GROUP",
+    "arith_events",
     "committed",
     "event_bytes",
     "eventually",
@@ -23,6 +26,8 @@ __all__ = [
     "new_topic",
     "produce",
     "read_all",
+    "relmon_config",
+    "relmon_topics",
     "unique",
 ]
 
@@ -168,3 +173,75 @@ async def eventually(
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout_s} s")
         await asyncio.sleep(0.02)
+
+
+async def relmon_topics(bootstrap: str, *, traffic_partitions: int = 1) -> dict[str, str]:
+    """Fresh topics for one relmon on Kafka: traffic, review, verdict and dead letters."""
+    names = ("traffic", "review", "verdict", "dlq", "verdict-dlq")
+    return {
+        k: await new_topic(bootstrap, k, traffic_partitions if k == "traffic" else 1) for k in names
+    }
+
+
+def relmon_config(
+    path: Path,
+    model_url: str,
+    bootstrap: str,
+    *,
+    topics: dict[str, str],
+    group: str,
+    port: int = 0,
+    task: dict[str, Any] | None = None,
+    kafka: dict[str, Any] | None = None,
+    **top: Any,
+) -> None:
+    """Write a relmon.yaml: Kafka traffic in, the Kafka review backend, one arithmetic
+    task on ``model_url``; ``task``, ``kafka`` and ``top`` override or add keys."""
+    data = {
+        "tasks": [
+            {
+                "name": "arithmetic",
+                "canonicalizer": "numeric",
+                "endpoint": {
+                    "base_url": model_url,
+                    "model": "sim-arith-1",
+                    "concurrency": 4,
+                    "timeout_s": 5,
+                },
+                "k_max": 10,
+                "sampling_rate": 1.0,
+                "review_rate": 1.0,
+                "half_life_s": None,
+                "alphas": [0.1, 0.2, 0.3],
+            }
+            | (task or {})
+        ],
+        "metrics": {"port": port},
+        "traffic": {"mode": "off"},
+        "review": {"backend": "kafka"},
+        "kafka": {
+            "enabled": True,
+            "bootstrap_servers": bootstrap,
+            "traffic_topic": topics["traffic"],
+            "review_topic": topics["review"],
+            "verdict_topic": topics["verdict"],
+            "dead_letter_topic": topics["dlq"],
+            "verdict_dead_letter_topic": topics["verdict-dlq"],
+            "group_id": group,
+        }
+        | (kafka or {}),
+        "log_format": "json",
+    } | top
+    path.write_text(yaml.safe_dump(data))
+
+
+def arith_events(questions: Sequence[str], prefix: str, *, task: bool = True) -> list[bytes]:
+    """One traffic event per question, ids ``<prefix><i>``, for the model sim-arith-1."""
+    return [
+        json.dumps(
+            {"id": f"{prefix}{i}", "model": "sim-arith-1"}
+            | ({"task": "arithmetic"} if task else {})
+            | {"request": {"messages": [{"role": "user", "content": q}]}}
+        ).encode()
+        for i, q in enumerate(questions)
+    ]

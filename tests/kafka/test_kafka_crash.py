@@ -19,7 +19,17 @@ from aiohttp import web
 from aiokafka import AIOKafkaProducer, TopicPartition
 
 from monitor.demo.model import QuestionBank, SimulatedModel
-from tests.kafka import committed, eventually, free_port, new_topic, produce, read_all, unique
+from tests.kafka import (
+    arith_events,
+    committed,
+    eventually,
+    free_port,
+    produce,
+    read_all,
+    relmon_config,
+    relmon_topics,
+    unique,
+)
 from tests.kafka.test_run_kafka import metrics_of
 
 pytestmark = pytest.mark.timeout(240)
@@ -80,10 +90,7 @@ async def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], flo
 async def test_items_delivered_again_after_kill_9_are_not_asked_again(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:
-    topics = {
-        k: await new_topic(kafka_bootstrap, k)
-        for k in ("traffic", "review", "verdict", "dlq", "verdict-dlq")
-    }
+    topics = await relmon_topics(kafka_bootstrap)
     group = unique("crash")
     bank = QuestionBank(size=N, seed=21)
     questions = [q for q, _ in bank.questions]
@@ -91,43 +98,17 @@ async def test_items_delivered_again_after_kill_9_are_not_asked_again(
     url = await model.start()
     port = free_port()
     cfg, log = tmp_path / "relmon.yaml", tmp_path / "relmon.log"
-    cfg.write_text(
-        f"""
-tasks:
-  - name: arithmetic
-    canonicalizer: numeric
-    endpoint: {{base_url: "{url}", model: sim-arith-1, concurrency: 4, timeout_s: 200}}
-    k_max: 6
-    sampling_rate: 1.0
-    review_rate: 1.0
-metrics: {{port: {port}}}
-traffic: {{mode: "off"}}
-review: {{backend: kafka}}
-budget: {{calls_per_minute: 100000}}
-kafka:
-  enabled: true
-  bootstrap_servers: "{kafka_bootstrap}"
-  traffic_topic: {topics["traffic"]}
-  review_topic: {topics["review"]}
-  verdict_topic: {topics["verdict"]}
-  dead_letter_topic: {topics["dlq"]}
-  verdict_dead_letter_topic: {topics["verdict-dlq"]}
-  group_id: {group}
-log_format: json
-"""
+    relmon_config(
+        cfg,
+        url,
+        kafka_bootstrap,
+        topics=topics,
+        group=group,
+        port=port,
+        task={"endpoint": {"base_url": url, "model": "sim-arith-1", "timeout_s": 200}},
+        budget={"calls_per_minute": 100000},
     )
-    events = [
-        json.dumps(
-            {
-                "id": f"c{i}",
-                "model": "sim-arith-1",
-                "task": "arithmetic",
-                "request": {"messages": [{"role": "user", "content": q}]},
-            }
-        ).encode()
-        for i, q in enumerate(questions)
-    ]
-    await produce(kafka_bootstrap, topics["traffic"], events)
+    await produce(kafka_bootstrap, topics["traffic"], arith_events(questions, "c"))
     labels = (("model", "sim-arith-1"), ("task", "arithmetic"))
 
     def value(m: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str) -> float:

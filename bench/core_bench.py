@@ -5,17 +5,24 @@ scores. The baseline is the least any implementation must do: count the raw stri
 with collections.Counter. Reported as ratios to that baseline (machines here are shared
 and noisy, so absolute times mean little).
 
-    .venv/bin/python bench/core_bench.py [--items N]
+    .venv/bin/python bench/core_bench.py [--items N] [--json FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import benchlib
 
 from monitor.canon import get_canonicalizer
 from monitor.consensus import rank_classes
@@ -33,13 +40,13 @@ def _items(n: int, k: int, rng: np.random.Generator) -> list[list[str]]:
     return out
 
 
-def _best_of(fn: Callable[[], None], repeats: int) -> float:
+def _median_of(fn: Callable[[], None], repeats: int) -> float:
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
-    return min(times)
+    return benchlib.median(times)
 
 
 def main() -> None:
@@ -47,7 +54,12 @@ def main() -> None:
     parser.add_argument("--items", type=int, default=2000)
     parser.add_argument("--k", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="few items (a smoke test)")
+    parser.add_argument("--json", type=Path, help="write the results as JSON to this file")
     args = parser.parse_args()
+    if args.quick:
+        args.items, args.repeats = 50, 2
+    start_machine = benchlib.machine()
     items = _items(args.items, args.k, np.random.default_rng(0))
     canon = get_canonicalizer("numeric")
     rule = get_stopping_rule(k_max=args.k)
@@ -68,16 +80,29 @@ def main() -> None:
             rule.decide(consensus.counts)
             rank_score(consensus, {classes[0]})
 
-    base = _best_of(baseline, args.repeats)
+    base = _median_of(baseline, args.repeats)
     rows = [
         ("Counter baseline", base),
-        ("numeric canonicalize", _best_of(canonicalize, args.repeats)),
-        ("canonicalize+rank+stop+score", _best_of(full, args.repeats)),
+        ("numeric canonicalize", _median_of(canonicalize, args.repeats)),
+        ("canonicalize+rank+stop+score", _median_of(full, args.repeats)),
     ]
-    print(f"{args.items} items x K={args.k}, best of {args.repeats}")
+    print(f"{args.items} items x K={args.k}, median of {args.repeats}")
     for name, t in rows:
         per_item = t / args.items * 1e6
         print(f"{name:<30} {per_item:9.1f} us/item  {t / base:7.1f}x baseline")
+    if args.json:
+        report = {
+            "benchmark": "core",
+            "items": args.items,
+            "k": args.k,
+            "repeats": args.repeats,
+            "machine": start_machine,
+            "rows": [
+                {"name": name, "us_per_item": t / args.items * 1e6, "ratio": t / base}
+                for name, t in rows
+            ],
+        }
+        benchlib.write_json(report, args.json)
 
 
 if __name__ == "__main__":

@@ -1,15 +1,18 @@
-"""Latency the inline proxy adds, against calling the upstream directly, in the same run.
+"""Latency relmon's inline proxy adds, against calling the upstream directly and against
+nginx ``proxy_pass`` to the same upstream, all in the same run.
 
-Three processes on 127.0.0.1: a small upstream (aiohttp, a fixed chat-completion JSON,
-no artificial delay), the relmon ``TrafficServer`` in proxy mode in front of it (its
-sink skips everything, so event parsing is included), and this load generator. The
-load is open-loop: requests start on a fixed schedule (``--rate`` per second for
-``--duration`` seconds) whatever the latency, alternating direct and proxied calls in
-a random order within each pair, so both see the same machine at the same moments.
-Latency is measured from the moment a request is started; the scheduler's own lag is
-reported separately. The first ``--warmup`` seconds are dropped.
+Processes on 127.0.0.1: a small upstream (aiohttp, a fixed chat-completion JSON, no
+artificial delay); ``relmon run`` in proxy mode in front of it (the whole service: one
+task, 1% of the traffic sampled and re-asked of the same upstream); nginx (Debian, one
+worker, keep-alive connections to the upstream) in front of the same upstream; and this
+load generator. The load is open-loop: requests start on a fixed schedule (``--rate``
+per second in total for ``--duration`` seconds) whatever the latency, cycling through
+direct, relmon and nginx calls in a random order within each triple, so all three see
+the same machine at the same moments. Latency is measured from the moment a request is
+started; the scheduler's own lag is reported separately. The first ``--warmup``
+seconds of each repeat are dropped. Reported: medians over ``--repeats`` repeats.
 
-    .venv/bin/python bench/proxy_latency_bench.py [--rate 200] [--duration 10] [--json]
+    .venv/bin/python bench/proxy_latency_bench.py [--rate 300] [--duration 10] [--json FILE]
 """
 
 from __future__ import annotations
@@ -17,11 +20,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -30,7 +34,10 @@ import aiohttp
 import numpy as np
 from aiohttp import web
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchlib
+
+TARGETS = ("direct", "relmon", "nginx")
 REQUEST = {
     "model": "bench-model",
     "messages": [
@@ -56,109 +63,111 @@ COMPLETION = json.dumps(
 ).encode()
 
 
-# -- the server processes -----------------------------------------------------------------
+# -- the servers ---------------------------------------------------------------------------
 
 
-async def _serve(role: str, upstream_url: str | None) -> None:
+async def _serve_upstream() -> None:
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, stop.set)
-    if role == "upstream":
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
 
-        async def completions(request: web.Request) -> web.Response:
-            await request.read()
-            return web.Response(body=COMPLETION, content_type="application/json")
+    async def completions(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(body=COMPLETION, content_type="application/json")
 
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", completions)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        port = runner.addresses[0][1]
-        print(f"PORT {port}", flush=True)
-        await stop.wait()
-        await runner.cleanup()
-        return
-
-    sys.path.insert(0, str(ROOT))
-    from adapters.http_traffic import TrafficServer
-    from monitor.events import TrafficEvent
-    from monitor.ports import Admission
-
-    def skip(event: TrafficEvent, source: str) -> Admission:
-        return Admission("skipped")
-
-    server = TrafficServer(
-        sink=skip,
-        reject=lambda source, reason: None,
-        task_resolver=lambda headers, path, body: None,
-        mode="proxy",
-        port=0,
-        upstream_url=upstream_url,
-    )
-    await server.start()
-    print(f"PORT {server.bound_port}", flush=True)
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", completions)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    print(f"PORT {runner.addresses[0][1]}", flush=True)
     await stop.wait()
-    await server.stop()
+    await runner.cleanup()
 
 
-def _spawn(role: str, upstream_url: str | None = None) -> tuple[subprocess.Popen[bytes], int]:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--serve", role]
-    if upstream_url:
-        cmd += ["--upstream", upstream_url]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, cwd=ROOT)
-    assert proc.stdout is not None
-    for raw in proc.stdout:  # log lines may come first
-        line = raw.decode()
-        if line.startswith("PORT "):
-            return proc, int(line.split()[1])
-    _stop(proc)
-    raise RuntimeError(f"the {role} server exited during start")
+def nginx_config(prefix: Path, port: int, upstream_port: int) -> Path:
+    """One worker, keep-alive to the upstream, no access log: a lean reverse proxy."""
+    for d in ("logs", "tmp"):
+        (prefix / d).mkdir(parents=True, exist_ok=True)
+    conf = prefix / "nginx.conf"
+    conf.write_text(
+        f"""daemon off;
+worker_processes 1;
+pid {prefix}/nginx.pid;
+error_log {prefix}/logs/error.log;
+events {{ worker_connections 1024; }}
+http {{
+    access_log off;
+    client_body_temp_path {prefix}/tmp/body;
+    proxy_temp_path {prefix}/tmp/proxy;
+    fastcgi_temp_path {prefix}/tmp/fastcgi;
+    uwsgi_temp_path {prefix}/tmp/uwsgi;
+    scgi_temp_path {prefix}/tmp/scgi;
+    upstream llm {{ server 127.0.0.1:{upstream_port}; keepalive 64; }}
+    server {{
+        listen 127.0.0.1:{port};
+        location / {{
+            proxy_pass http://llm;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }}
+    }}
+}}
+"""
+    )
+    return conf
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
+def start_nginx(prefix: Path, port: int, upstream_port: int) -> subprocess.Popen[bytes]:
+    conf = nginx_config(prefix, port, upstream_port)
+    log = prefix / "logs" / "error.log"
+    proc = subprocess.Popen(
+        ["nginx", "-p", str(prefix), "-c", str(conf), "-e", str(log)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 30
+    while True:  # nginx is up once it accepts connections
+        if proc.poll() is not None:
+            raise RuntimeError(f"nginx exited: {log.read_text() if log.exists() else ''}")
         try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    if proc.stdout is not None:
-        proc.stdout.close()
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return proc
+        except OSError:
+            if time.monotonic() > deadline:
+                benchlib.stop(proc)
+                raise RuntimeError("nginx did not start listening") from None
+            time.sleep(0.05)
 
 
 # -- the load generator ---------------------------------------------------------------------
 
 
-async def _load(
-    direct_url: str, proxy_url: str, rate: float, duration: float, seed: int
-) -> dict[str, Any]:
+async def _load(urls: dict[str, str], rate: float, duration: float, seed: int) -> list[Any]:
     rng = random.Random(seed)
     n = int(rate * duration)
     targets: list[str] = []
-    for _ in range((n + 1) // 2):
-        pair = ["direct", "proxy"]
-        rng.shuffle(pair)
-        targets += pair
-    # (target, pair index, scheduled time from start, latency, scheduler lag, ok)
+    while len(targets) < n:
+        group = list(TARGETS)
+        rng.shuffle(group)
+        targets += group
+    # (target, group index, scheduled time from start, latency, scheduler lag, ok)
     results: list[tuple[str, int, float, float, float, bool]] = []
     body = json.dumps(REQUEST).encode()
     headers = {"Content-Type": "application/json", "Authorization": "Bearer bench"}
     connector = aiohttp.TCPConnector(limit=0, force_close=False)
     async with aiohttp.ClientSession(connector=connector) as session:
 
-        async def one(target: str, pair: int, scheduled: float, t0: float) -> None:
-            url = direct_url if target == "direct" else proxy_url
+        async def one(target: str, group: int, scheduled: float, t0: float) -> None:
             start = time.perf_counter()
             ok = False
             try:
-                async with session.post(url, data=body, headers=headers) as r:
+                async with session.post(urls[target], data=body, headers=headers) as r:
                     ok = r.status == 200 and await r.read() == COMPLETION
             except aiohttp.ClientError:
                 ok = False
             end = time.perf_counter()
-            results.append((target, pair, scheduled - t0, end - start, start - scheduled, ok))
+            results.append((target, group, scheduled - t0, end - start, start - scheduled, ok))
 
         tasks = []
         t0 = time.perf_counter() + 0.1
@@ -167,9 +176,9 @@ async def _load(
             delay = scheduled - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one(targets[i], i // 2, scheduled, t0)))
+            tasks.append(asyncio.create_task(one(targets[i], i // len(TARGETS), scheduled, t0)))
         await asyncio.gather(*tasks)
-    return {"results": results}
+    return results
 
 
 def _summary(values: np.ndarray) -> dict[str, float]:
@@ -183,93 +192,153 @@ def _summary(values: np.ndarray) -> dict[str, float]:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rate", type=float, default=200.0, help="requests per second, total")
-    parser.add_argument("--duration", type=float, default=10.0, help="seconds of load")
-    parser.add_argument("--warmup", type=float, default=1.0, help="seconds dropped at start")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--serve", choices=["upstream", "proxy"], help=argparse.SUPPRESS)
-    parser.add_argument("--upstream", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.serve:
-        asyncio.run(_serve(args.serve, args.upstream))
-        return
-
-    upstream, up_port = _spawn("upstream")
-    try:
-        proxy, px_port = _spawn("proxy", f"http://127.0.0.1:{up_port}")
-        try:
-            out = asyncio.run(
-                _load(
-                    f"http://127.0.0.1:{up_port}/v1/chat/completions",
-                    f"http://127.0.0.1:{px_port}/v1/chat/completions",
-                    args.rate,
-                    args.duration,
-                    args.seed,
-                )
-            )
-        finally:
-            _stop(proxy)
-    finally:
-        _stop(upstream)
-
-    rows = [r for r in out["results"] if r[2] >= args.warmup]
-    report: dict[str, Any] = {
-        "rate_per_s": args.rate,
-        "duration_s": args.duration,
-        "warmup_s": args.warmup,
-        "cpus": os.cpu_count(),
-    }
-    for target in ("direct", "proxy"):
+def _one_repeat(rows: list[Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for target in TARGETS:
         mine = [r for r in rows if r[0] == target]
         ok = np.array([r[3] for r in mine if r[5]])
-        report[target] = _summary(ok) | {"errors": sum(not r[5] for r in mine)}
-    d, p = report["direct"], report["proxy"]
-    report["added"] = {
-        "p50_ms": p["p50_ms"] - d["p50_ms"],
-        "p99_ms": p["p99_ms"] - d["p99_ms"],
-        "p50_ratio": p["p50_ms"] / d["p50_ms"],
-        "p99_ratio": p["p99_ms"] / d["p99_ms"],
-    }
-    # Each pair ran ~1/rate apart, so machine-wide stalls hit both of its calls: the
+        out[target] = _summary(ok) | {"errors": sum(not r[5] for r in mine)}
+    # A group's calls ran ~1/rate apart, so machine-wide stalls hit all of them: the
     # median of the paired differences is the steadiest estimate on a busy machine.
-    by_pair: dict[int, dict[str, float]] = {}
-    for target, pair, _, latency, _, ok_ in rows:
+    by_group: dict[int, dict[str, float]] = {}
+    for target, group, _, latency, _, ok_ in rows:
         if ok_:
-            by_pair.setdefault(pair, {})[target] = latency
-    diffs = np.array([v["proxy"] - v["direct"] for v in by_pair.values() if len(v) == 2])
-    report["paired_added_ms"] = {
-        "n": len(diffs),
-        "median": float(np.median(diffs) * 1000),
-        "p90": float(np.percentile(diffs, 90) * 1000),
+            by_group.setdefault(group, {})[target] = latency
+    for target in ("relmon", "nginx"):
+        diffs = np.array([g[target] - g["direct"] for g in by_group.values() if len(g) == 3])
+        out[f"{target}_paired_added_ms"] = float(np.median(diffs) * 1000)
+    out["scheduler_lag"] = _summary(np.array([r[4] for r in rows]))
+    return out
+
+
+def run(rate: float, duration: float, warmup: float, repeats: int, seed: int) -> dict[str, Any]:
+    start_machine = benchlib.machine()
+    with tempfile.TemporaryDirectory(prefix="relmon-proxy-bench-") as tmp_name:
+        tmp = Path(tmp_name)
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--serve-upstream"]
+        upstream, up_port = benchlib.spawn_with_port(cmd, "upstream")
+        relmon = nginx = None
+        try:
+            ports = {k: benchlib.free_port() for k in ("metrics", "review", "traffic")}
+            config = tmp / "relmon.yaml"
+            benchlib.relmon_config(
+                config,
+                model_url=f"http://127.0.0.1:{up_port}/v1",
+                state_dir=tmp / "state",
+                ports=ports,
+                traffic_mode="proxy",
+                upstream_url=f"http://127.0.0.1:{up_port}",
+            )
+            relmon = benchlib.start_relmon(config, tmp / "relmon.log", ports["metrics"])
+            nginx_port = benchlib.free_port()
+            nginx = start_nginx(tmp / "nginx", nginx_port, up_port)
+            urls = {
+                "direct": f"http://127.0.0.1:{up_port}/v1/chat/completions",
+                "relmon": f"http://127.0.0.1:{ports['traffic']}/v1/chat/completions",
+                "nginx": f"http://127.0.0.1:{nginx_port}/v1/chat/completions",
+            }
+            repeats_out = []
+            for r in range(repeats):
+                rows = asyncio.run(_load(urls, rate, duration, seed + r))
+                one = _one_repeat([x for x in rows if x[2] >= warmup])
+                repeats_out.append(one)
+                print(
+                    f"  repeat {r + 1}: "
+                    + "  ".join(
+                        f"{t} p50 {one[t]['p50_ms']:.2f} p99 {one[t]['p99_ms']:.2f} ms"
+                        for t in TARGETS
+                    ),
+                    file=sys.stderr,
+                    flush=True,
+                )
+        finally:
+            if nginx is not None:
+                benchlib.stop(nginx)
+            if relmon is not None:
+                benchlib.stop(relmon)
+            benchlib.stop(upstream)
+
+    def med(path: tuple[str, ...]) -> float:
+        values = []
+        for rep in repeats_out:
+            v: Any = rep
+            for key in path:
+                v = v[key]
+            values.append(float(v))
+        return benchlib.median(values)
+
+    report: dict[str, Any] = {
+        "benchmark": "proxy",
+        "load_generator": "aiohttp client, open loop, its own process",
+        "rate_per_s": rate,
+        "duration_s": duration,
+        "warmup_s": warmup,
+        "repeats": repeats,
+        "machine": start_machine,
+        "repeat_results": repeats_out,
     }
-    report["scheduler_lag"] = _summary(np.array([r[4] for r in rows]))
-    if args.json:
-        print(json.dumps(report, indent=2))
+    for target in TARGETS:
+        report[target] = {k: med((target, k)) for k in ("p50_ms", "p90_ms", "p99_ms", "max_ms")} | {
+            "errors": sum(rep[target]["errors"] for rep in repeats_out)
+        }
+    d = report["direct"]
+    for target in ("relmon", "nginx"):
+        t = report[target]
+        report[f"{target}_added"] = {
+            "p50_ms": t["p50_ms"] - d["p50_ms"],
+            "p99_ms": t["p99_ms"] - d["p99_ms"],
+            "paired_median_ms": med((f"{target}_paired_added_ms",)),
+            "p50_ratio_to_direct": t["p50_ms"] / d["p50_ms"],
+            "p99_ratio_to_direct": t["p99_ms"] / d["p99_ms"],
+        }
+    ra, na = report["relmon_added"], report["nginx_added"]
+    report["relmon_vs_nginx"] = {
+        "p50_ratio": report["relmon"]["p50_ms"] / report["nginx"]["p50_ms"],
+        "p99_ratio": report["relmon"]["p99_ms"] / report["nginx"]["p99_ms"],
+        "added_p50_ratio": ra["p50_ms"] / na["p50_ms"] if na["p50_ms"] > 0 else None,
+        "added_p99_ratio": ra["p99_ms"] / na["p99_ms"] if na["p99_ms"] > 0 else None,
+    }
+    report["scheduler_lag_p99_ms"] = med(("scheduler_lag", "p99_ms"))
+    return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rate", type=float, default=300.0, help="requests per second, total")
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds of load a repeat")
+    parser.add_argument("--warmup", type=float, default=1.0, help="seconds dropped at start")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quick", action="store_true", help="2 s, 1 repeat (a smoke test)")
+    parser.add_argument("--json", type=Path, help="write the results as JSON to this file")
+    parser.add_argument("--serve-upstream", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve_upstream:
+        asyncio.run(_serve_upstream())
         return
+    if args.quick:
+        args.rate, args.duration, args.warmup, args.repeats = 150.0, 2.0, 0.5, 1
+    report = run(args.rate, args.duration, args.warmup, args.repeats, args.seed)
+    if args.json:
+        benchlib.write_json(report, args.json)
     print(
-        f"open loop: {args.rate:g} req/s for {args.duration:g} s (first {args.warmup:g} s dropped)"
+        f"open loop: {args.rate:g} req/s for {args.duration:g} s x {args.repeats} "
+        f"(first {args.warmup:g} s dropped); medians over the repeats"
     )
-    for target in ("direct", "proxy"):
+    for target in TARGETS:
         s = report[target]
         print(
-            f"{target:>7}: n={s['n']:5d} errors={s['errors']} p50={s['p50_ms']:.3f} ms "
-            f"p90={s['p90_ms']:.3f} ms p99={s['p99_ms']:.3f} ms max={s['max_ms']:.3f} ms"
+            f"{target:>7}: errors={s['errors']} p50={s['p50_ms']:.3f} ms "
+            f"p90={s['p90_ms']:.3f} ms p99={s['p99_ms']:.3f} ms"
         )
-    a = report["added"]
-    print(
-        f"  added: p50 +{a['p50_ms']:.3f} ms (x{a['p50_ratio']:.2f}), "
-        f"p99 +{a['p99_ms']:.3f} ms (x{a['p99_ratio']:.2f})"
-    )
-    pa = report["paired_added_ms"]
-    print(
-        f"  paired (proxy - direct, same moment): median {pa['median']:.3f} ms, "
-        f"p90 {pa['p90']:.3f} ms"
-    )
-    lag = report["scheduler_lag"]
-    print(f"scheduler lag: p50={lag['p50_ms']:.3f} ms p99={lag['p99_ms']:.3f} ms")
+    for target in ("relmon", "nginx"):
+        a = report[f"{target}_added"]
+        print(
+            f"{target} added: p50 +{a['p50_ms']:.3f} ms, p99 +{a['p99_ms']:.3f} ms, "
+            f"paired median +{a['paired_median_ms']:.3f} ms"
+        )
+    v = report["relmon_vs_nginx"]
+    print(f"relmon/nginx: p50 x{v['p50_ratio']:.2f}, p99 x{v['p99_ratio']:.2f}")
 
 
 if __name__ == "__main__":

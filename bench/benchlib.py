@@ -1,0 +1,259 @@
+"""Shared pieces of the benchmarks: the machine a run happened on, free ports, child
+processes (started, waited for, stopped), relmon's configuration for a benchmark run,
+wrk, and where results go.
+
+Every benchmark script writes one JSON document (``--json FILE``) with the machine it
+ran on; ``bench/report.py`` turns the documents under ``bench/results/`` into
+``bench/RESULTS.md``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+REVIEW_TOKEN = "bench-review-token-0123456789"
+
+
+def machine() -> dict[str, Any]:
+    """CPU model, cores, memory, Python, OS, UTC time and the load average right now."""
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem_gb = None
+    try:
+        m = re.search(r"MemTotal:\s+(\d+) kB", Path("/proc/meminfo").read_text())
+        mem_gb = round(int(m.group(1)) / 1024 / 1024, 1) if m else None
+    except OSError:
+        pass
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gb": mem_gb,
+        "python": platform.python_version(),
+        "os": platform.platform(),
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "loadavg": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def write_json(doc: dict[str, Any], path: Path | None) -> None:
+    """``doc`` with the machine (load average at the end of the run) to ``path``, or stdout."""
+    doc = {**doc, "machine_end": machine()}
+    text = json.dumps(doc, indent=2) + "\n"
+    if path is None:
+        print(text, end="")
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def median(values: Sequence[float]) -> float:
+    return float(statistics.median(values))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def spawn_with_port(cmd: list[str], what: str, **kw: Any) -> tuple[subprocess.Popen[bytes], int]:
+    """Start ``cmd``, which prints ``PORT <n>`` on stdout once it listens."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, cwd=ROOT, **kw)
+    assert proc.stdout is not None
+    for raw in proc.stdout:
+        line = raw.decode()
+        if line.startswith("PORT "):
+            return proc, int(line.split()[1])
+    stop(proc)
+    raise RuntimeError(f"the {what} exited during start")
+
+
+def stop(proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
+def wait_http(url: str, proc: subprocess.Popen[bytes] | None, deadline_s: float = 90) -> None:
+    """Poll ``url`` until it answers 200 (``proc`` must stay alive meanwhile)."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    end = time.monotonic() + deadline_s
+    while True:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"the process behind {url} exited (status {proc.returncode})")
+        try:
+            with opener.open(url, timeout=5) as resp:
+                if resp.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        if time.monotonic() > end:
+            raise RuntimeError(f"{url} did not answer 200 in {deadline_s:g} s")
+        time.sleep(0.1)
+
+
+def http_get(url: str, timeout: float = 30) -> str:
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(url, timeout=timeout) as resp:
+        return str(resp.read().decode())
+
+
+def relmon_config(
+    path: Path,
+    *,
+    model_url: str,
+    state_dir: Path,
+    ports: dict[str, int],
+    traffic_mode: str = "mirror",
+    upstream_url: str | None = None,
+    sampling_rate: float = 0.01,
+    calls_per_minute: int = 600,
+    max_in_flight: int = 8,
+    queue_size: int = 64,
+    review_rate: float = 0.1,
+    k_max: int = 20,
+) -> None:
+    """A one-task relmon configuration: traffic naming ``bench-model`` is the task."""
+    traffic = f"{{mode: {traffic_mode}, port: {ports['traffic']}"
+    if upstream_url:
+        traffic += f', upstream_url: "{upstream_url}"'
+    traffic += "}"
+    path.write_text(
+        f"""tasks:
+  - name: bench
+    match: {{model: bench-model}}
+    canonicalizer: numeric
+    endpoint: {{base_url: "{model_url}", model: bench-model, concurrency: 4, timeout_s: 10}}
+    k_max: {k_max}
+    sampling_rate: {sampling_rate}
+    review_rate: {review_rate}
+traffic: {traffic}
+metrics: {{port: {ports["metrics"]}}}
+review: {{port: {ports["review"]}}}
+budget:
+  calls_per_minute: {calls_per_minute}
+  max_in_flight: {max_in_flight}
+  queue_size: {queue_size}
+state_dir: "{state_dir}"
+log_format: json
+"""
+    )
+
+
+def start_relmon(config: Path, log: Path, ready_port: int) -> subprocess.Popen[bytes]:
+    """``relmon run --config`` as its own process, once /readyz answers 200."""
+    env = {**os.environ, "RELMON_REVIEW_TOKEN": REVIEW_TOKEN, "PYTHONPATH": str(ROOT)}
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "monitor", "run", "--config", str(config)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=ROOT,
+            env=env,
+        )
+    try:
+        wait_http(f"http://127.0.0.1:{ready_port}/readyz", proc)
+    except RuntimeError:
+        stop(proc)
+        raise RuntimeError(f"relmon did not start; its log: {log}") from None
+    return proc
+
+
+def rss_kb(pid: int) -> int:
+    m = re.search(r"VmRSS:\s+(\d+) kB", Path(f"/proc/{pid}/status").read_text())
+    return int(m.group(1)) if m else 0
+
+
+def metric_values(text: str, name: str) -> dict[str, float]:
+    """``{label string: value}`` of every sample of ``name`` in a Prometheus exposition."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            head, _, value = line.rpartition(" ")
+            labels = head[len(name) :]
+            out[labels] = float(value)
+    return out
+
+
+def metric_sum(text: str, name: str, **labels: str) -> float:
+    """Sum of the samples of ``name`` whose labels include ``labels``."""
+    total = 0.0
+    for lab, value in metric_values(text, name).items():
+        if all(f'{k}="{v}"' in lab for k, v in labels.items()):
+            total += value
+    return total
+
+
+# -- wrk -------------------------------------------------------------------------------------
+
+_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1000.0, "m": 60_000.0}
+
+
+def _ms(text: str) -> float:
+    m = re.fullmatch(r"([\d.]+)(us|ms|s|m)", text)
+    if not m:
+        raise ValueError(f"wrk latency {text!r}")
+    return float(m.group(1)) * _UNITS[m.group(2)]
+
+
+def wrk_script(path: Path, body: bytes, headers: dict[str, str]) -> Path:
+    """A wrk Lua script that POSTs ``body`` with ``headers``."""
+    lua = ['wrk.method = "POST"', f"wrk.body = {json.dumps(body.decode())}"]
+    lua += [f"wrk.headers[{json.dumps(k)}] = {json.dumps(v)}" for k, v in headers.items()]
+    path.write_text("\n".join(lua) + "\n")
+    return path
+
+
+def wrk(url: str, script: Path, *, connections: int, seconds: float) -> dict[str, float]:
+    """One wrk run (one thread): requests/s, latency percentiles in ms, errors."""
+    cmd = ["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--latency"]
+    cmd += ["--timeout", "10s", "-s", str(script), url]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=seconds + 60)
+    text = out.stdout
+    result: dict[str, float] = {
+        "requests_per_s": float(re.search(r"Requests/sec:\s+([\d.]+)", text).group(1)),  # type: ignore[union-attr]
+        "requests": float(re.search(r"(\d+) requests in", text).group(1)),  # type: ignore[union-attr]
+        "non_2xx": 0.0,
+        "socket_errors": 0.0,
+    }
+    for pct in ("50", "75", "90", "99"):
+        m = re.search(rf"^\s+{pct}%\s+(\S+)", text, re.MULTILINE)
+        if m is None:
+            raise RuntimeError(f"wrk printed no {pct}% latency:\n{text}")
+        result[f"p{pct}_ms"] = _ms(m.group(1))
+    m = re.search(r"Non-2xx or 3xx responses: (\d+)", text)
+    if m:
+        result["non_2xx"] = float(m.group(1))
+    m = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", text)
+    if m:
+        result["socket_errors"] = float(sum(int(g) for g in m.groups()))
+    return result

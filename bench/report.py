@@ -1,0 +1,444 @@
+"""Write bench/RESULTS.md from the benchmarks' JSON results (``bench/results/*.json``).
+
+``make bench`` runs the benchmarks, each writing its JSON document, then this script;
+``make soak`` writes ``soak.json`` and runs it too. A section whose document is missing
+says so. Every figure is printed next to the baseline measured in the same run.
+
+    .venv/bin/python bench/report.py [--results DIR] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import benchlib
+
+SECTIONS = ("run", "mirror", "proxy", "stopping", "calibration", "soak", "core")
+
+
+def _load(results: Path) -> dict[str, dict[str, Any]]:
+    out = {}
+    for name in SECTIONS:
+        path = results / f"{name}.json"
+        if path.exists():
+            out[name] = json.loads(path.read_text())
+    return out
+
+
+def _machine_line(m: dict[str, Any], end: dict[str, Any] | None = None) -> str:
+    load = " / ".join(f"{x:g}" for x in m["loadavg"])
+    text = (
+        f"{m['cpu']}, {m['cores']} cores, {m.get('memory_gb')} GB, Python {m['python']}, "
+        f"{m['os']}; {m['date']}; load average (1/5/15 min) {load} at the start"
+    )
+    if end is not None:
+        text += ", " + " / ".join(f"{x:g}" for x in end["loadavg"]) + " at the end"
+    return text
+
+
+def _table(head: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(" --- " for _ in head) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return lines
+
+
+def _x(v: float | None, digits: int = 2) -> str:
+    return "n/a" if v is None or not math.isfinite(v) else f"×{v:.{digits}f}"
+
+
+def _ran(doc: dict[str, Any]) -> str:
+    m = doc["machine"]
+    return f"Ran {m['date']} (load average {m['loadavg'][0]:g} at the start)."
+
+
+def mirror(doc: dict[str, Any]) -> list[str]:
+    out = [
+        "## 1. Mirror ingest",
+        "",
+        "relmon's mirror (`relmon run`, the whole service: default 1% sampling, budget 600 "
+        "calls/min, the sampled events re-asked of a simulated model) against a bare aiohttp "
+        "handler that reads the body and answers 202. Load generator: Debian's `wrk` (one "
+        "thread, closed loop, its own process), both targets in alternating order in each "
+        f"repeat; medians of {doc['repeats']} runs of {doc['seconds']:g} s. "
+        f"{_ran(doc)}",
+        "",
+    ]
+    rows = []
+    for load, label in (
+        ("saturation", f"{doc['connections']} connections (saturation)"),
+        ("one_connection", "1 connection (no queueing)"),
+    ):
+        s = doc[load]
+        rows.append(
+            [
+                label,
+                f"{s['bare']['requests_per_s']:,.0f}",
+                f"{s['relmon']['requests_per_s']:,.0f}",
+                _x(s["ratio"]["requests_per_s"]),
+                f"{s['bare']['p50_ms']:.2f} / {s['bare']['p99_ms']:.2f}",
+                f"{s['relmon']['p50_ms']:.2f} / {s['relmon']['p99_ms']:.2f}",
+                _x(s["ratio"]["p99"]),
+                f"{s['bare']['errors']:.0f} / {s['relmon']['errors']:.0f}",
+            ]
+        )
+    out += _table(
+        [
+            "load",
+            "bare req/s",
+            "relmon req/s",
+            "req/s ratio",
+            "bare p50 / p99 ms",
+            "relmon p50 / p99 ms",
+            "p99 ratio",
+            "errors bare / relmon",
+        ],
+        rows,
+    )
+    c = doc["relmon_events_counted"]
+    out += [
+        "",
+        f"relmon counted {sum(c.values()):,.0f} mirror events for the "
+        f"{doc['requests_sent_to_relmon']:,.0f} requests wrk reported complete (wrk does not "
+        "count the requests in flight when a run ends): "
+        + ", ".join(f"{k} {v:,.0f}" for k, v in c.items())
+        + ".",
+        "",
+        "Reproduce: `.venv/bin/python bench/mirror_bench.py`",
+        "",
+    ]
+    return out
+
+
+def proxy(doc: dict[str, Any]) -> list[str]:
+    out = [
+        "## 2. Proxy overhead",
+        "",
+        "Open-loop load (an aiohttp client in its own process, "
+        f"{doc['rate_per_s']:g} requests/s in total, {doc['duration_s']:g} s a repeat, the "
+        f"first {doc['warmup_s']:g} s dropped) cycling in random order through the upstream "
+        "directly, relmon's proxy (`relmon run`, 1% sampled) and nginx `proxy_pass` (Debian, "
+        "one worker, keep-alive to the upstream), all in front of the same upstream. "
+        f"Medians over {doc['repeats']} repeats. {_ran(doc)}",
+        "",
+    ]
+    d = doc["direct"]
+    rows = [
+        [
+            "direct",
+            f"{d['p50_ms']:.3f}",
+            f"{d['p99_ms']:.3f}",
+            "",
+            "",
+            "",
+            f"{d['errors']}",
+        ]
+    ]
+    for target in ("relmon", "nginx"):
+        t, a = doc[target], doc[f"{target}_added"]
+        rows.append(
+            [
+                "relmon proxy" if target == "relmon" else "nginx proxy_pass",
+                f"{t['p50_ms']:.3f}",
+                f"{t['p99_ms']:.3f}",
+                f"+{a['p50_ms']:.3f}",
+                f"+{a['p99_ms']:.3f}",
+                f"+{a['paired_median_ms']:.3f}",
+                f"{t['errors']}",
+            ]
+        )
+    out += _table(
+        [
+            "path",
+            "p50 ms",
+            "p99 ms",
+            "added p50 ms",
+            "added p99 ms",
+            "added, paired median ms",
+            "errors",
+        ],
+        rows,
+    )
+    v = doc["relmon_vs_nginx"]
+    out += [
+        "",
+        f"relmon against nginx: p50 {_x(v['p50_ratio'])}, p99 {_x(v['p99_ratio'])}; added "
+        f"latency p50 {_x(v['added_p50_ratio'])}, p99 {_x(v['added_p99_ratio'])} of nginx's. "
+        "Against the upstream directly: relmon p50 "
+        f"{_x(doc['relmon_added']['p50_ratio_to_direct'])}, p99 "
+        f"{_x(doc['relmon_added']['p99_ratio_to_direct'])}; nginx p50 "
+        f"{_x(doc['nginx_added']['p50_ratio_to_direct'])}, p99 "
+        f"{_x(doc['nginx_added']['p99_ratio_to_direct'])}. The load generator's own "
+        f"scheduling lag (p99 {doc['scheduler_lag_p99_ms']:.2f} ms) is in every figure alike.",
+        "",
+        "Reproduce: `.venv/bin/python bench/proxy_latency_bench.py`",
+        "",
+    ]
+    return out
+
+
+RULE_LABELS = {
+    "default": "relmon default (`runner-up` + futility)",
+    "fixed": "fixed K_max (baseline)",
+    "paper": "the paper's rule (`hoeffding`)",
+    "trustgate": "TrustGate `sequential.should_stop`",
+}
+
+
+def stopping(doc: dict[str, Any]) -> list[str]:
+    out = [
+        "## 3. Model calls per item",
+        "",
+        f"k0 = {doc['k0']}, K_max = {doc['k_max']}, δ = {doc['delta']:g}; every item "
+        f"replayed {doc['reps']} times, every rule on the same random draws (seed "
+        f"{doc['seed']}). TrustGate (PyPI `theaios-trustgate`) is applied to relmon's canonical "
+        "classes: 3 samples, then one at a time until `should_stop` holds, as its "
+        "`SequentialSampler` does. *Wrong mode*: certified with a leader that is not the true "
+        "mode (share of all items; what δ bounds). *Top ≠ mode*: the top-ranked answer after "
+        "stopping is not the true mode, certified or not. Deterministic (no timing).",
+        "",
+    ]
+    descriptions = {
+        "demo mix": "the demo's simulated model: right with probability 0.92 minus a "
+        "difficulty of 0 (3 in 7 items), 0.05, 0.1, 0.25 or 0.45, wrong answers spread over "
+        "five values: mostly easy items, some hard",
+        "stress grid": "the validation grid of `relmon simulate stopping --grid`: clear modes, "
+        "near ties, exact ties, long tails, equally weighted",
+        "smollm2": "real answers: SmolLM2-135M, 20 answers to each of 48 questions "
+        "(`bench/data/smollm2_answers.json`), replayed from their empirical distributions",
+    }
+    for name, data in doc["datasets"].items():
+        out += [f"**{name}** ({data['items']} items; {descriptions.get(name, '')})", ""]
+        rows = []
+        for rule, r in data["rules"].items():
+            rows.append(
+                [
+                    RULE_LABELS.get(rule, rule),
+                    f"{r['calls_per_item']:.2f}",
+                    _x(r["ratio_to_fixed"]),
+                    f"{r['certified']:.3f}",
+                    f"{r['wrong_mode']:.4f}",
+                    f"{r['top_not_mode']:.4f}",
+                    f"{r['top_accuracy']:.3f}",
+                ]
+            )
+        out += _table(
+            [
+                "rule",
+                "calls/item",
+                "vs fixed K_max",
+                "certified",
+                "wrong mode",
+                "top ≠ mode",
+                "top-answer accuracy",
+            ],
+            rows,
+        )
+        out.append("")
+    out += ["Reproduce: `.venv/bin/python bench/stopping_bench.py`", ""]
+    return out
+
+
+def calibration(doc: dict[str, Any]) -> list[str]:
+    out = [
+        "## 4. Calibration",
+        "",
+        "The incremental calibration window against recomputing from scratch (numpy, one "
+        "sort, every weight recomputed) on the same verdicts; "
+        f"{len(doc['alphas'])} alphas, half-life 1 h, review probabilities 0.1 and 1, the "
+        "window full so every verdict evicts one. *Verdict* is `add` + `snapshot` (the "
+        "service publishes the gauges after every applied verdict); the baseline writes "
+        "the verdict into ring buffers and recomputes. *Scrape* is `snapshot`. Medians over "
+        f"{doc['repeats']} repeats. {_ran(doc)}",
+        "",
+    ]
+    rows = []
+    for r in doc["sizes"]:
+        rows.append(
+            [
+                f"{r['items']:,}",
+                f"{r['add_us']:.2f}",
+                f"{r['verdict_us']:.0f}",
+                f"{r['naive_verdict_us']:,.0f}",
+                _x(r["verdict_speedup"], 1),
+                f"{r['scrape_us']:.0f}",
+                f"{r['naive_scrape_us']:,.0f}",
+                _x(r["scrape_speedup"], 1),
+                f"{r['bytes_per_item']:.0f}",
+                "yes" if r["thresholds_agree"] else "NO",
+            ]
+        )
+    out += _table(
+        [
+            "window",
+            "add µs",
+            "verdict µs",
+            "recompute verdict µs",
+            "speed-up",
+            "scrape µs",
+            "recompute scrape µs",
+            "speed-up",
+            "bytes/item",
+            "same thresholds",
+        ],
+        rows,
+    )
+    out += [
+        "",
+        "Memory per item: `tracemalloc` over filling the window, the 36-character item ids "
+        "it keeps alive included. A snapshot's cost is mostly the Clopper–Pearson bound "
+        "(one beta quantile), the same at any window size.",
+        "",
+        "Reproduce: `.venv/bin/python bench/calibration_bench.py`",
+        "",
+    ]
+    return out
+
+
+def soak(doc: dict[str, Any] | None) -> list[str]:
+    out = ["## 5. Overload soak", ""]
+    if doc is None:
+        return [*out, "Not run yet: `make soak` (10 minutes) writes this section.", ""]
+    minutes = doc["seconds"] / 60
+    f = doc["final"]
+    out += [
+        f"`make soak` ran for **{doc['seconds']:g} s ({minutes:.1f} min)** on "
+        f"{doc['machine']['date']} (load average {doc['machine']['loadavg'][0]:g} at the "
+        f"start): mirrored traffic at {doc['rate_per_s']:.0f} requests/s, sampling rate "
+        f"{doc['sampling_rate']:g}, budget {doc['calls_per_minute_budget']} calls/min, the "
+        f"simulated model answering in {doc['model_latency_ms']:g} ms. Offered load: "
+        f"{doc['budget_factor_asked']:g}× the budget at the fewest samples an item can take; "
+        f"measured {doc['offered_factor_measured']:.1f}× (the items took "
+        f"{doc['mean_samples_per_item']:.1f} samples on average). Load generator: an "
+        "aiohttp client, open loop, in its own process.",
+        "",
+    ]
+    rss_1 = doc["rss_after_1min_mb"]
+    rows = [
+        [
+            "RSS start / after 1 min / end",
+            f"{doc['rss_start_mb']:.1f} / "
+            + (f"{rss_1:.1f}" if rss_1 is not None else "n/a")
+            + f" / {doc['rss_end_mb']:.1f} MB",
+        ],
+        [
+            "queue bounds held",
+            f"{'yes' if doc['queue_bound_held'] else 'NO'}: at most "
+            f"{doc['in_system_max']:.0f} items admitted and unfinished (bound: queue_size + "
+            f"max_in_flight = {doc['in_system_bound']})",
+        ],
+        [
+            "model-call budget held",
+            f"{'yes' if doc['budget_held'] else 'NO'}: at most "
+            + (
+                f"{doc['model_calls_per_minute_max_after_1min']:.0f}"
+                if doc["model_calls_per_minute_max_after_1min"] is not None
+                else "n/a (run shorter than 2 min)"
+            )
+            + f" calls in a minute after the first (budget {doc['calls_per_minute_budget']})",
+        ],
+        [
+            "drops counted",
+            f"{f['dropped']:,.0f} dropped ({doc['dropped_share_of_sampled']:.0%} of the sampled "
+            f"events), {f['sampled']:,.0f} admitted, {f['skipped']:,.0f} skipped, "
+            f"{f['rejected']:,.0f} rejected",
+        ],
+        [
+            "every request answered and counted once",
+            f"{'yes' if doc['all_counted_once'] else 'NO'}: {doc['sent']:,} sent, answers "
+            + ", ".join(f"{k}: {v:,}" for k, v in doc["statuses"].items())
+            + f"; {doc['counted']:,.0f} counted",
+        ],
+        ["items scored / abandoned", f"{f['scored']:,.0f} / {f['abandoned']:,.0f}"],
+        [
+            "mirror latency p50 / p99 / max",
+            f"{doc['mirror_p50_ms']:.2f} / {doc['mirror_p99_ms']:.2f} / "
+            f"{doc['mirror_max_ms']:.1f} ms",
+        ],
+        ["relmon alive at the end", "yes" if doc["relmon_alive_at_end"] else "NO"],
+    ]
+    out += _table(["what", "result"], rows)
+    out += [
+        "",
+        "Reproduce: `make soak` (`make soak SOAK_SECONDS=120` for a shorter run).",
+        "",
+    ]
+    return out
+
+
+def core(doc: dict[str, Any]) -> list[str]:
+    out = [
+        "## 6. Statistics core per item",
+        "",
+        f"{doc['items']} items × K = {doc['k']} answers; medians of {doc['repeats']} passes; "
+        f"the baseline is `collections.Counter` on the raw strings. {_ran(doc)}",
+        "",
+    ]
+    out += _table(
+        ["step", "µs/item", "vs Counter"],
+        [[r["name"], f"{r['us_per_item']:.1f}", _x(r["ratio"], 1)] for r in doc["rows"]],
+    )
+    return [*out, "", "Reproduce: `.venv/bin/python bench/core_bench.py`", ""]
+
+
+def render(docs: dict[str, dict[str, Any]]) -> str:
+    lines = [
+        "# Benchmark results",
+        "",
+        "Written by `make bench` (`bench/report.py`, from `bench/results/*.json`); the "
+        "overload soak by `make soak`. Every figure stands next to a baseline measured in "
+        "the same run, and the ratio between them is what to read: the machine is shared "
+        "(2 cores, other engineers' test suites running at the same time), so absolute "
+        "times move from run to run. Timings are medians over repeats.",
+        "",
+    ]
+    run = docs.get("run")
+    if run is not None:
+        lines += [
+            "Machine of the last `make bench` run: "
+            + _machine_line(run["machine"], run.get("machine_end")),
+            "",
+        ]
+    for name, fn in (
+        ("mirror", mirror),
+        ("proxy", proxy),
+        ("stopping", stopping),
+        ("calibration", calibration),
+    ):
+        if name in docs:
+            lines += fn(docs[name])
+        else:
+            lines += [f"## {name}", "", "Not run: `make bench` writes this section.", ""]
+    lines += soak(docs.get("soak"))
+    if "core" in docs:
+        lines += core(docs["core"])
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--results", type=Path, default=benchlib.RESULTS)
+    parser.add_argument("--out", type=Path, default=benchlib.ROOT / "bench" / "RESULTS.md")
+    parser.add_argument("--begin", action="store_true", help="record the machine: a run starts")
+    parser.add_argument("--end", action="store_true", help="record the machine: a run ended")
+    args = parser.parse_args()
+    run = args.results / "run.json"
+    if args.begin:
+        args.results.mkdir(parents=True, exist_ok=True)
+        run.write_text(json.dumps({"machine": benchlib.machine()}, indent=2) + "\n")
+        return
+    if args.end and run.exists():
+        doc = json.loads(run.read_text())
+        run.write_text(json.dumps(doc | {"machine_end": benchlib.machine()}, indent=2) + "\n")
+    args.out.write_text(render(_load(args.results)))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

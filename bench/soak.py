@@ -1,0 +1,339 @@
+"""Overload soak: the whole service for ``--seconds`` (default 10 minutes) with mirrored
+traffic whose sampled share needs ``--budget-factor`` (default 5) times the model-call
+budget. Not a test and not in CI: ``make soak`` (``make soak SOAK_SECONDS=120`` for a
+shorter run).
+
+Processes on 127.0.0.1: a simulated model (the demo's arithmetic model, each call
+taking ``--model-latency-ms``), ``relmon run`` (mirror, one task, budget
+``--calls-per-minute``, default ``max_in_flight`` 8 and ``queue_size`` 64), and this
+load generator (aiohttp, open loop: requests start on a fixed schedule whatever the
+latency). The request rate is chosen so that the sampled events would need
+``budget-factor x calls-per-minute`` calls at the fewest samples an item can take (8,
+unanimous answers), so the real overload is at least that.
+
+Every ``--scrape-every`` seconds it reads relmon's /metrics and the process's RSS. At
+the end it checks what must hold under overload and reports it:
+
+- RSS at start (after start-up, before load), after the first minute, and at the end;
+- queue bounds held: items admitted but not finished (sampled - scored - abandoned)
+  never above ``queue_size + max_in_flight``; the model never saw more calls in a
+  minute than the budget allows (after the first minute; the bucket starts full);
+- drops counted: every request sent was answered 202 and counted once, as sampled,
+  skipped, dropped or rejected;
+- the mirror's latency: p50/p99 per interval and over the whole run.
+
+    .venv/bin/python bench/soak.py [--seconds 600] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import benchlib
+
+FEWEST_SAMPLES = 8  # the default rule's fewest samples per item (unanimous answers)
+QUEUE_SIZE, MAX_IN_FLIGHT = 64, 8
+
+
+async def _serve_model(latency_s: float) -> None:
+    from aiohttp import web
+
+    from monitor.demo.model import QuestionBank, SimulatedModel
+
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+
+    class SlowModel(SimulatedModel):
+        async def _completions(self, request: web.Request) -> web.Response:
+            await asyncio.sleep(latency_s)
+            return await super()._completions(request)
+
+    model = SlowModel(drift_after_s=None, bank=QuestionBank(size=400, seed=7), seed=5)
+
+    async def stats(request: web.Request) -> web.Response:
+        return web.json_response({"calls": model.calls})
+
+    await model.start()
+    # A second tiny app for the call counter (the model's own app is already frozen).
+    app = web.Application()
+    app.router.add_get("/stats", stats)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    print(f"STATS {runner.addresses[0][1]}", flush=True)
+    print(f"PORT {model.bound_port}", flush=True)
+    await stop.wait()
+    await runner.cleanup()
+    await model.stop()
+
+
+def _spawn_model(latency_ms: float) -> tuple[subprocess.Popen[bytes], int, int]:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--serve-model", str(latency_ms)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    assert proc.stdout is not None
+    stats_port = None
+    for raw in proc.stdout:
+        line = raw.decode()
+        if line.startswith("STATS "):
+            stats_port = int(line.split()[1])
+        if line.startswith("PORT ") and stats_port is not None:
+            return proc, int(line.split()[1]), stats_port
+    benchlib.stop(proc)
+    raise RuntimeError("the model exited during start")
+
+
+async def _get(session: aiohttp.ClientSession, url: str) -> str:
+    async with session.get(url, timeout=aiohttp.ClientTimeout(total=30)) as resp:
+        return await resp.text()
+
+
+def _counts(text: str) -> dict[str, float]:
+    out = {
+        d: benchlib.metric_sum(text, "relmon_traffic_events_total", source="mirror", decision=d)
+        for d in ("sampled", "skipped", "dropped", "rejected")
+    }
+    for outcome in ("scored", "abandoned"):
+        out[outcome] = benchlib.metric_sum(text, "relmon_items_total", outcome=outcome)
+    out["review_queue_depth"] = benchlib.metric_sum(text, "relmon_review_queue_depth")
+    out["budget_utilization"] = benchlib.metric_sum(text, "relmon_budget_utilization")
+    out["samples_sum"] = benchlib.metric_sum(text, "relmon_samples_per_item_sum")
+    out["samples_count"] = benchlib.metric_sum(text, "relmon_samples_per_item_count")
+    return out
+
+
+async def _soak(
+    *,
+    mirror_url: str,
+    metrics_url: str,
+    stats_url: str,
+    pid: int,
+    rate: float,
+    seconds: float,
+    scrape_every: float,
+) -> dict[str, Any]:
+    from monitor.demo.model import QuestionBank
+
+    questions = [q for q, _ in QuestionBank(size=400, seed=7).questions]
+    headers = {"Content-Type": "application/json", "Authorization": "Bearer app-key"}
+    bodies = [
+        json.dumps({"model": "bench-model", "messages": [{"role": "user", "content": q}]}).encode()
+        for q in questions
+    ]
+    latencies: list[tuple[float, float]] = []  # (seconds since start, latency)
+    statuses: dict[str, int] = {}
+    timeline: list[dict[str, Any]] = []
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        rss_start = benchlib.rss_kb(pid)
+        calls_start = json.loads(await _get(session, stats_url))["calls"]
+        t0 = time.perf_counter() + 0.2
+
+        async def one(body: bytes) -> None:
+            start = time.perf_counter()
+            try:
+                async with session.post(mirror_url, data=body, headers=headers) as r:
+                    await r.read()
+                    key = str(r.status)
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                key = type(exc).__name__
+            latencies.append((start - t0, time.perf_counter() - start))
+            statuses[key] = statuses.get(key, 0) + 1
+
+        async def scraper() -> None:
+            next_at = t0 + scrape_every
+            while True:
+                await asyncio.sleep(max(0.0, next_at - time.perf_counter()))
+                next_at += scrape_every
+                text = await _get(session, metrics_url)
+                calls = json.loads(await _get(session, stats_url))["calls"] - calls_start
+                row = {"t": round(time.perf_counter() - t0, 1), "rss_kb": benchlib.rss_kb(pid)}
+                row |= _counts(text) | {"model_calls": calls}
+                row["in_system"] = row["sampled"] - row["scored"] - row["abandoned"]
+                timeline.append(row)
+                print(
+                    f"  t={row['t']:6.0f}s rss={row['rss_kb'] / 1024:6.1f} MB "
+                    f"sampled={row['sampled']:.0f} dropped={row['dropped']:.0f} "
+                    f"in system={row['in_system']:.0f} calls={calls} "
+                    f"review queue={row['review_queue_depth']:.0f}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+
+        scrape_task = asyncio.create_task(scraper())
+        tasks: set[asyncio.Task[None]] = set()
+        n = int(rate * seconds)
+        for i in range(n):
+            delay = t0 + i / rate - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            task = asyncio.create_task(one(bodies[i % len(bodies)]))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        await asyncio.gather(*list(tasks))
+        sent_for = time.perf_counter() - t0
+        scrape_task.cancel()
+        await asyncio.gather(scrape_task, return_exceptions=True)
+        await asyncio.sleep(1.0)  # let the last events be counted
+        final = _counts(await _get(session, metrics_url))
+        final_calls = json.loads(await _get(session, stats_url))["calls"] - calls_start
+        rss_end = benchlib.rss_kb(pid)
+    return {
+        "sent": n,
+        "sent_for_s": sent_for,
+        "statuses": statuses,
+        "latencies": latencies,
+        "timeline": timeline,
+        "final": final,
+        "model_calls": final_calls,
+        "rss_start_kb": rss_start,
+        "rss_end_kb": rss_end,
+    }
+
+
+def _calls_per_minute_max(timeline: list[dict[str, Any]], after_s: float) -> float | None:
+    """The most model calls in any 60 s between scrapes, counting only windows after ``after_s``."""
+    best = None
+    for i, a in enumerate(timeline):
+        if a["t"] < after_s:
+            continue
+        for b in timeline[i + 1 :]:
+            span = b["t"] - a["t"]
+            if span >= 59.0:
+                per_min = (b["model_calls"] - a["model_calls"]) * 60.0 / span
+                best = per_min if best is None else max(best, per_min)
+                break
+    return best
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    start_machine = benchlib.machine()
+    rate = args.budget_factor * args.calls_per_minute / 60.0 / (args.sampling_rate * FEWEST_SAMPLES)
+    with tempfile.TemporaryDirectory(prefix="relmon-soak-") as tmp_name:
+        tmp = Path(tmp_name)
+        model, model_port, stats_port = _spawn_model(args.model_latency_ms)
+        relmon = None
+        try:
+            ports = {k: benchlib.free_port() for k in ("metrics", "review", "traffic")}
+            config = tmp / "relmon.yaml"
+            benchlib.relmon_config(
+                config,
+                model_url=f"http://127.0.0.1:{model_port}/v1",
+                state_dir=tmp / "state",
+                ports=ports,
+                sampling_rate=args.sampling_rate,
+                calls_per_minute=args.calls_per_minute,
+                max_in_flight=MAX_IN_FLIGHT,
+                queue_size=QUEUE_SIZE,
+            )
+            relmon = benchlib.start_relmon(config, tmp / "relmon.log", ports["metrics"])
+            print(
+                f"soak: {rate:.0f} req/s for {args.seconds:g} s, sampling {args.sampling_rate:g}, "
+                f"budget {args.calls_per_minute} calls/min (x{args.budget_factor:g} offered)",
+                file=sys.stderr,
+                flush=True,
+            )
+            out = asyncio.run(
+                _soak(
+                    mirror_url=f"http://127.0.0.1:{ports['traffic']}/v1/chat/completions",
+                    metrics_url=f"http://127.0.0.1:{ports['metrics']}/metrics",
+                    stats_url=f"http://127.0.0.1:{stats_port}/stats",
+                    pid=relmon.pid,
+                    rate=rate,
+                    seconds=args.seconds,
+                    scrape_every=args.scrape_every,
+                )
+            )
+            alive = relmon.poll() is None
+        finally:
+            if relmon is not None:
+                benchlib.stop(relmon)
+            benchlib.stop(model)
+    lat = np.array([x[1] for x in out.pop("latencies")] or [0.0]) * 1000
+    timeline = out["timeline"]
+    final = out["final"]
+    counted = sum(final[d] for d in ("sampled", "skipped", "dropped", "rejected"))
+    offered_items = final["sampled"] + final["dropped"]
+    mean_samples = final["samples_sum"] / final["samples_count"] if final["samples_count"] else 0.0
+    minutes = out["sent_for_s"] / 60.0
+    rss_minute = next((r["rss_kb"] for r in timeline if r["t"] >= 60.0), None)
+    bound = QUEUE_SIZE + MAX_IN_FLIGHT
+    max_in_system = max((r["in_system"] for r in timeline), default=0.0)
+    calls_max = _calls_per_minute_max(timeline, 60.0)
+    return {
+        "benchmark": "soak",
+        "machine": start_machine,
+        "load_generator": "aiohttp client, open loop, its own process",
+        "seconds": args.seconds,
+        "rate_per_s": rate,
+        "sampling_rate": args.sampling_rate,
+        "calls_per_minute_budget": args.calls_per_minute,
+        "budget_factor_asked": args.budget_factor,
+        "model_latency_ms": args.model_latency_ms,
+        "offered_factor_measured": (
+            offered_items * mean_samples / minutes / args.calls_per_minute if minutes else 0.0
+        ),
+        "mean_samples_per_item": mean_samples,
+        "sent": out["sent"],
+        "statuses": out["statuses"],
+        "counted": counted,
+        "all_counted_once": counted == out["sent"],
+        "final": final,
+        "dropped_share_of_sampled": final["dropped"] / offered_items if offered_items else 0.0,
+        "rss_start_mb": out["rss_start_kb"] / 1024,
+        "rss_after_1min_mb": rss_minute / 1024 if rss_minute else None,
+        "rss_end_mb": out["rss_end_kb"] / 1024,
+        "in_system_max": max_in_system,
+        "in_system_bound": bound,
+        "queue_bound_held": max_in_system <= bound,
+        "model_calls": out["model_calls"],
+        "model_calls_per_minute_max_after_1min": calls_max,
+        "budget_held": calls_max is None or calls_max <= args.calls_per_minute * 1.02,
+        "mirror_p50_ms": float(np.percentile(lat, 50)),
+        "mirror_p99_ms": float(np.percentile(lat, 99)),
+        "mirror_max_ms": float(lat.max()),
+        "relmon_alive_at_end": alive,
+        "timeline": timeline,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=600.0)
+    parser.add_argument("--budget-factor", type=float, default=5.0)
+    parser.add_argument("--calls-per-minute", type=int, default=600)
+    parser.add_argument("--sampling-rate", type=float, default=0.02)
+    parser.add_argument("--model-latency-ms", type=float, default=100.0)
+    parser.add_argument("--scrape-every", type=float, default=10.0)
+    parser.add_argument("--quick", action="store_true", help="4 s (a smoke test)")
+    parser.add_argument("--json", type=Path, help="write the results as JSON to this file")
+    parser.add_argument("--serve-model", type=float, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve_model is not None:
+        asyncio.run(_serve_model(args.serve_model / 1000.0))
+        return
+    if args.quick:
+        args.seconds, args.scrape_every = 4.0, 1.0
+    report = run(args)
+    if args.json:
+        benchlib.write_json(report, args.json)
+    summary = {k: v for k, v in report.items() if k not in ("timeline", "machine")}
+    print(json.dumps(summary, indent=2))
+
+
+if __name__ == "__main__":
+    main()

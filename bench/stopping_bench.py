@@ -1,0 +1,238 @@
+"""Model calls per item: relmon's default stopping rule against fixed K_max, the paper's
+rule and the sequential rule of the public TrustGate library, with the wrong-mode rate
+beside each, on the same random draws.
+
+Rules (k0 = 3, K_max = 20, delta = 0.05 for all):
+
+- ``default``: the service's default, ``runner-up`` with the futility stop;
+- ``fixed``: always K_max (the baseline every ratio is against);
+- ``paper``: ``hoeffding``, the paper's section 9 rule as printed;
+- ``trustgate``: ``theaios.trustgate.sequential.should_stop`` (PyPI ``theaios-trustgate``)
+  applied to canonical classes, as its ``SequentialSampler`` drives it: 3 samples, then
+  one at a time until ``should_stop`` holds or K_max is reached.
+
+Data sets, each item an answer distribution over canonical classes with a known true
+mode (items drawn with replacement in the batches each rule asks for):
+
+- ``demo mix``: the demo's simulated model (quality 0.92 minus a per-question
+  difficulty of 0, 0.05, 0.1, 0.25 or 0.45; wrong answers spread over five values): mostly
+  easy items, some hard ones;
+- ``stress grid``: the validation grid of ``relmon simulate stopping --grid`` (clear
+  modes, near ties, exact ties, long tails), each distribution equally weighted;
+- ``smollm2``: the empirical answer distributions of SmolLM2-135M on 48 questions
+  (``bench/data/smollm2_answers.json``, 20 real answers each).
+
+Reported per rule: calls per item and its ratio to fixed K_max, certified share,
+wrong-mode rate (certified with a leader that is not the true mode, over all items; an
+exact tie has no true mode, so any certification there is wrong), the share of items
+whose top answer is not the true mode (any rule, certified or not) and top-answer
+accuracy. Deterministic for a given seed.
+
+    .venv/bin/python bench/stopping_bench.py [--reps 400] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import benchlib
+
+from monitor.consensus import rank_classes
+from monitor.simulate.real_stopping import RealItem, load_answer_file
+from monitor.simulate.sequential import GRID, describe_distribution
+from monitor.stopping import (
+    DEFAULT_FUTILITY,
+    DEFAULT_RULE,
+    Decision,
+    StoppingRule,
+    get_stopping_rule,
+)
+
+K0, K_MAX, DELTA = 3, 20, 0.05
+DEMO_QUALITY = 0.92
+DEMO_WRONG = (1, -1, 10, -10, 2)  # the demo model's spread of wrong answers
+DEMO_DIFFICULTIES = (0.0, 0.0, 0.0, 0.05, 0.1, 0.25, 0.45)  # as its QuestionBank draws them
+SMOLLM2 = Path(__file__).resolve().parent / "data" / "smollm2_answers.json"
+
+
+class TrustGateRule:
+    """TrustGate's sequential stop on canonical classes, in relmon's rule interface.
+
+    ``should_stop`` takes a list of answers; the classes' indices stand for the canonical
+    answers, so two surface forms of one answer count as one (relmon's canonicalization
+    comes first, as the brief of the comparison asks).
+    """
+
+    name = "trustgate"
+
+    def __init__(self, *, k_max: int, delta: float) -> None:
+        from theaios.trustgate.sequential import should_stop
+
+        self._should_stop = should_stop
+        self._k0 = min(3, k_max)  # SequentialSampler's first batch
+        self._k_max = k_max
+        self._delta = delta
+
+    @property
+    def k0(self) -> int:
+        return self._k0
+
+    @property
+    def k_max(self) -> int:
+        return self._k_max
+
+    @property
+    def delta(self) -> float:
+        return self._delta
+
+    def certified(self, counts: Iterable[int]) -> bool:
+        c = [int(x) for x in counts]
+        labels = [str(i) for i, n in enumerate(c) for _ in range(n)]
+        return bool(self._should_stop(labels, k=len(labels), delta=self._delta))
+
+    def decide(self, counts: Iterable[int]) -> Decision:
+        c = [int(x) for x in counts]
+        k = sum(c)
+        if k < self._k0:
+            return Decision(stop=False, certified=False, more=self._k0 - k)
+        if self.certified(c):
+            return Decision(stop=True, certified=True, more=0)
+        if k >= self._k_max:
+            return Decision(stop=True, certified=False, more=0)
+        return Decision(stop=False, certified=False, more=1)
+
+
+def rules() -> dict[str, StoppingRule]:
+    common = {"k0": K0, "k_max": K_MAX, "delta": DELTA}
+    return {
+        "default": get_stopping_rule(DEFAULT_RULE, futility=DEFAULT_FUTILITY, **common),
+        "fixed": get_stopping_rule("fixed", **common),
+        "paper": get_stopping_rule("hoeffding", **common),
+        "trustgate": TrustGateRule(k_max=K_MAX, delta=DELTA),
+    }
+
+
+def demo_mix() -> list[RealItem]:
+    """The demo model's answer distributions, one item per difficulty of its question bank
+    (0 three times out of seven, 0.05, 0.1, 0.25 and 0.45 once each)."""
+    items = []
+    for i, difficulty in enumerate(DEMO_DIFFICULTIES):
+        right = DEMO_QUALITY - difficulty
+        probs = {"0": right} | {str(w): (1 - right) / len(DEMO_WRONG) for w in DEMO_WRONG}
+        classes = tuple(sorted(probs))
+        items.append(
+            RealItem(
+                f"demo-{i}-difficulty-{difficulty:g}",
+                classes,
+                tuple(probs[c] for c in classes),
+                frozenset({"0"}),
+            )
+        )
+    return items
+
+
+def stress_grid() -> list[RealItem]:
+    items = []
+    for i, (kind, dist) in enumerate(GRID):
+        classes = tuple(f"c{j}" for j in range(len(dist)))
+        items.append(
+            RealItem(
+                f"{kind}:{describe_distribution(dist)}#{i}",
+                classes,
+                tuple(dist),
+                frozenset({"c0"}),  # the first class is always (one of) the most likely
+            )
+        )
+    return items
+
+
+def replay(rule: StoppingRule, item: RealItem, rng: np.random.Generator) -> tuple[int, bool, str]:
+    """One item under ``rule``: (calls, certified, top-ranked class)."""
+    p = np.asarray(item.probabilities)
+    counts = np.zeros(p.size, dtype=int)
+    decision = rule.decide([])
+    while not decision.stop:
+        counts += rng.multinomial(decision.more, p)
+        decision = rule.decide(counts.tolist())
+    drawn = [c for c, n in zip(item.classes, counts.tolist(), strict=True) for _ in range(n)]
+    consensus = rank_classes(drawn, rng)
+    return int(counts.sum()), decision.certified, consensus.classes[0]
+
+
+def measure(items: Sequence[RealItem], reps: int, seed: int) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = {}
+    for name, rule in rules().items():
+        calls = certified = wrong = top_off = right = 0
+        for i, item in enumerate(items):
+            mode = item.true_mode
+            for r in range(reps):
+                used, cert, top = replay(rule, item, np.random.default_rng([seed, i, r]))
+                calls += used
+                certified += cert
+                wrong += cert and (mode is None or top != mode)
+                top_off += mode is None or top != mode
+                right += top in item.acceptable
+        n = len(items) * reps
+        out[name] = {
+            "calls_per_item": calls / n,
+            "ratio_to_fixed": calls / n / K_MAX,
+            "certified": certified / n,
+            "wrong_mode": wrong / n,
+            "wrong_among_certified": wrong / certified if certified else 0.0,
+            "top_not_mode": top_off / n,
+            "top_accuracy": right / n,
+        }
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=400, help="replays per item")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quick", action="store_true", help="few replays (a smoke test)")
+    parser.add_argument("--json", type=Path, help="write the results as JSON to this file")
+    args = parser.parse_args()
+    if args.quick:
+        args.reps = 3
+    start_machine = benchlib.machine()
+    datasets = {
+        "demo mix": demo_mix(),
+        "stress grid": stress_grid(),
+        "smollm2": load_answer_file(SMOLLM2),
+    }
+    report: dict[str, Any] = {
+        "benchmark": "stopping",
+        "k0": K0,
+        "k_max": K_MAX,
+        "delta": DELTA,
+        "reps": args.reps,
+        "seed": args.seed,
+        "machine": start_machine,
+        "datasets": {},
+    }
+    for name, items in datasets.items():
+        rows = measure(items, args.reps, args.seed)
+        report["datasets"][name] = {"items": len(items), "rules": rows}
+        print(f"{name}: {len(items)} items x {args.reps} replays")
+        for rule, row in rows.items():
+            print(
+                f"  {rule:10s} {row['calls_per_item']:6.2f} calls/item "
+                f"(x{row['ratio_to_fixed']:.2f} of fixed K_max)  certified {row['certified']:.3f}"
+                f"  wrong mode {row['wrong_mode']:.4f}  top != mode {row['top_not_mode']:.4f}"
+                f"  top acc. {row['top_accuracy']:.3f}"
+            )
+    if args.json:
+        benchlib.write_json(report, args.json)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,190 @@
+"""Every benchmark behind ``make bench`` and ``make soak`` still runs: each script in its
+``--quick`` mode (real processes: relmon, wrk, nginx, the model), its JSON checked for
+the fields and ratios RESULTS.md is built from and for what must hold whatever the
+timing (every request counted, the same thresholds as a recomputation, queue bounds).
+No timing is asserted: the machine is shared and a smoke run proves nothing about speed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "bench"
+
+
+SCRIPTS = {
+    "mirror": "mirror_bench.py",
+    "proxy": "proxy_latency_bench.py",
+    "stopping": "stopping_bench.py",
+    "calibration": "calibration_bench.py",
+    "core": "core_bench.py",
+    "soak": "soak.py",
+}
+
+
+def run_quick(script: str, out: Path) -> str | None:
+    """Run ``script --quick --json out``; the error output if it failed."""
+    result = subprocess.run(
+        [sys.executable, str(BENCH / script), "--quick", "--json", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    return None if result.returncode == 0 else result.stderr[-4000:]
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str | None]]:
+    """Every script once, in quick mode, one after the other (they share 2 cores)."""
+    results = tmp_path_factory.mktemp("bench-results")
+    errors = {name: run_quick(script, results / f"{name}.json") for name, script in SCRIPTS.items()}
+    return results, errors
+
+
+def doc_of(quick: tuple[Path, dict[str, str | None]], name: str) -> dict[str, Any]:
+    results, errors = quick
+    assert errors[name] is None, errors[name]
+    doc: dict[str, Any] = json.loads((results / f"{name}.json").read_text())
+    for key in ("cpu", "cores", "python", "date", "loadavg"):
+        assert key in doc["machine"], key
+    return doc
+
+
+def positive(x: float) -> bool:
+    return math.isfinite(x) and x > 0
+
+
+@pytest.mark.timeout(900)
+def test_mirror_bench(quick: tuple[Path, dict[str, str | None]]) -> None:
+    doc = doc_of(quick, "mirror")
+    for load in ("saturation", "one_connection"):
+        s = doc[load]
+        for target in ("bare", "relmon"):
+            assert positive(s[target]["requests_per_s"])
+            assert s[target]["p50_ms"] <= s[target]["p99_ms"]
+        assert s["relmon"]["errors"] == 0
+        assert positive(s["ratio"]["requests_per_s"]) and positive(s["ratio"]["p99"])
+    counted = doc["relmon_events_counted"]
+    assert counted["rejected"] == 0
+    # wrk does not count the requests in flight when it stops; relmon counts every one.
+    assert sum(counted.values()) >= doc["requests_sent_to_relmon"] > 0
+
+
+@pytest.mark.timeout(900)
+def test_proxy_bench_against_direct_and_nginx(quick: tuple[Path, dict[str, str | None]]) -> None:
+    doc = doc_of(quick, "proxy")
+    for target in ("direct", "relmon", "nginx"):
+        assert doc[target]["errors"] == 0
+        assert positive(doc[target]["p99_ms"])
+    for target in ("relmon", "nginx"):
+        added = doc[f"{target}_added"]
+        assert added["p99_ms"] == pytest.approx(doc[target]["p99_ms"] - doc["direct"]["p99_ms"])
+        assert positive(added["p99_ratio_to_direct"])
+    assert positive(doc["relmon_vs_nginx"]["p99_ratio"])
+
+
+@pytest.mark.timeout(900)
+def test_stopping_bench(quick: tuple[Path, dict[str, str | None]]) -> None:
+    doc = doc_of(quick, "stopping")
+    assert set(doc["datasets"]) == {"demo mix", "stress grid", "smollm2"}
+    for data in doc["datasets"].values():
+        rules = data["rules"]
+        assert set(rules) == {"default", "fixed", "paper", "trustgate"}
+        assert rules["fixed"]["calls_per_item"] == doc["k_max"]
+        assert rules["fixed"]["certified"] == 0
+        for r in rules.values():
+            assert r["ratio_to_fixed"] == pytest.approx(r["calls_per_item"] / doc["k_max"])
+            assert 0 <= r["wrong_mode"] <= r["certified"] <= 1
+            assert 0 <= r["top_not_mode"] <= 1
+    # Sequential rules save calls on the mostly easy demo mix.
+    demo = doc["datasets"]["demo mix"]["rules"]
+    assert demo["default"]["calls_per_item"] < doc["k_max"]
+    assert demo["trustgate"]["calls_per_item"] < doc["k_max"]
+
+
+@pytest.mark.timeout(900)
+def test_calibration_bench(quick: tuple[Path, dict[str, str | None]]) -> None:
+    doc = doc_of(quick, "calibration")
+    assert len(doc["sizes"]) >= 2
+    for row in doc["sizes"]:
+        assert row["thresholds_agree"], row
+        for key in ("add_us", "verdict_us", "naive_verdict_us", "scrape_us", "naive_scrape_us"):
+            assert positive(row[key]), key
+        assert positive(row["verdict_speedup"]) and positive(row["scrape_speedup"])
+        assert 16 < row["bytes_per_item"] < 10_000
+
+
+@pytest.mark.timeout(900)
+def test_core_bench(quick: tuple[Path, dict[str, str | None]]) -> None:
+    doc = doc_of(quick, "core")
+    names = [r["name"] for r in doc["rows"]]
+    assert names[0] == "Counter baseline" and doc["rows"][0]["ratio"] == 1.0
+    assert all(positive(r["ratio"]) for r in doc["rows"])
+
+
+@pytest.mark.timeout(900)
+def test_soak(quick: tuple[Path, dict[str, str | None]]) -> None:
+    doc = doc_of(quick, "soak")
+    assert doc["statuses"] == {"202": doc["sent"]}
+    assert doc["all_counted_once"] and doc["counted"] == doc["sent"]
+    assert doc["queue_bound_held"] and doc["in_system_max"] <= doc["in_system_bound"]
+    assert doc["relmon_alive_at_end"]
+    assert positive(doc["rss_start_mb"]) and positive(doc["rss_end_mb"])
+    assert doc["mirror_p50_ms"] <= doc["mirror_p99_ms"]
+
+
+@pytest.mark.timeout(900)
+def test_report_renders_the_quick_results(
+    quick: tuple[Path, dict[str, str | None]], tmp_path: Path
+) -> None:
+    results, errors = quick
+    assert not any(errors.values()), errors
+    subprocess.run(
+        [sys.executable, str(BENCH / "report.py"), "--results", str(results), "--begin"],
+        check=True,
+        timeout=60,
+    )
+    out = tmp_path / "RESULTS.md"
+    subprocess.run(
+        [sys.executable, str(BENCH / "report.py"), "--results", str(results), "--out", str(out)],
+        check=True,
+        timeout=60,
+    )
+    assert_complete(out.read_text())
+
+
+def assert_complete(text: str) -> None:
+    for heading in (
+        "## 1. Mirror ingest",
+        "## 2. Proxy overhead",
+        "## 3. Model calls per item",
+        "## 4. Calibration",
+        "## 5. Overload soak",
+        "## 6. Statistics core per item",
+    ):
+        assert heading in text, heading
+    assert "Machine of the last `make bench` run: " in text
+    assert "Not run" not in text
+    assert "TrustGate" in text and "nginx" in text and "wrk" in text
+
+
+def test_results_md_is_rendered_from_the_committed_results(tmp_path: Path) -> None:
+    """bench/RESULTS.md is exactly what bench/report.py writes from bench/results/*.json,
+    and every section is there, the soak included."""
+    out = tmp_path / "RESULTS.md"
+    subprocess.run(
+        [sys.executable, str(BENCH / "report.py"), "--out", str(out)], check=True, timeout=60
+    )
+    text = out.read_text()
+    assert_complete(text)
+    assert text == (BENCH / "RESULTS.md").read_text(), "run bench/report.py and commit"

@@ -31,7 +31,8 @@ REVIEW_TOKEN = "bench-review-token-0123456789"
 
 
 def machine() -> dict[str, Any]:
-    """CPU model, cores, memory, Python, OS, UTC time and the load average right now."""
+    """The code's commit, CPU model, cores, memory, Python, OS, UTC time and the load
+    average right now."""
     cpu = "unknown"
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -46,7 +47,19 @@ def machine() -> dict[str, Any]:
         mem_gb = round(int(m.group(1)) / 1024 / 1024, 1) if m else None
     except OSError:
         pass
+    try:
+        commit = subprocess.run(
+            ["git", "describe", "--always", "--dirty"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = "unknown"
     return {
+        "commit": commit,
         "cpu": cpu,
         "cores": os.cpu_count(),
         "memory_gb": mem_gb,
@@ -186,6 +199,16 @@ def start_relmon(config: Path, log: Path, ready_port: int) -> subprocess.Popen[b
         stop(proc)
         raise RuntimeError(f"relmon did not start; its log: {log}") from None
     return proc
+
+
+def start_relmon_service(
+    tmp: Path, model_url: str, **options: Any
+) -> tuple[subprocess.Popen[bytes], dict[str, int]]:
+    """``relmon run`` on free ports with :func:`relmon_config` (``options``) in ``tmp``."""
+    ports = {k: free_port() for k in ("metrics", "review", "traffic")}
+    config = tmp / "relmon.yaml"
+    relmon_config(config, model_url=model_url, state_dir=tmp / "state", ports=ports, **options)
+    return start_relmon(config, tmp / "relmon.log", ports["metrics"]), ports
 
 
 def rss_kb(pid: int) -> int:

@@ -11,7 +11,7 @@ requests/s a single process sustains) and at one connection (latency without que
 Reported: medians over the repeats and the ratios relmon/bare. After the runs the
 service's own counters are read to check every request was counted once.
 
-    .venv/bin/python bench/mirror_bench.py [--seconds 5] [--repeats 3] [--json FILE]
+    .venv/bin/python bench/mirror_bench.py [--seconds 5] [--repeats 5] [--json FILE]
 """
 
 from __future__ import annotations
@@ -88,15 +88,7 @@ def run(seconds: float, repeats: int, connections: int) -> dict[str, Any]:
         model, model_port = _spawn("model")
         relmon = None
         try:
-            ports = {k: benchlib.free_port() for k in ("metrics", "review", "traffic")}
-            config = tmp / "relmon.yaml"
-            benchlib.relmon_config(
-                config,
-                model_url=f"http://127.0.0.1:{model_port}/v1",
-                state_dir=tmp / "state",
-                ports=ports,
-            )
-            relmon = benchlib.start_relmon(config, tmp / "relmon.log", ports["metrics"])
+            relmon, ports = benchlib.start_relmon_service(tmp, f"http://127.0.0.1:{model_port}/v1")
             urls = {
                 "bare": f"http://127.0.0.1:{bare_port}/v1/chat/completions",
                 "relmon": f"http://127.0.0.1:{ports['traffic']}/v1/chat/completions",
@@ -164,7 +156,7 @@ def run(seconds: float, repeats: int, connections: int) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=5.0, help="seconds per wrk run")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--connections", type=int, default=16)
     parser.add_argument("--quick", action="store_true", help="1 s runs, 1 repeat (a smoke test)")
     parser.add_argument("--json", type=Path, help="write the results as JSON to this file")

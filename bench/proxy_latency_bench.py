@@ -219,17 +219,12 @@ def run(rate: float, duration: float, warmup: float, repeats: int, seed: int) ->
         upstream, up_port = benchlib.spawn_with_port(cmd, "upstream")
         relmon = nginx = None
         try:
-            ports = {k: benchlib.free_port() for k in ("metrics", "review", "traffic")}
-            config = tmp / "relmon.yaml"
-            benchlib.relmon_config(
-                config,
-                model_url=f"http://127.0.0.1:{up_port}/v1",
-                state_dir=tmp / "state",
-                ports=ports,
+            relmon, ports = benchlib.start_relmon_service(
+                tmp,
+                f"http://127.0.0.1:{up_port}/v1",
                 traffic_mode="proxy",
                 upstream_url=f"http://127.0.0.1:{up_port}",
             )
-            relmon = benchlib.start_relmon(config, tmp / "relmon.log", ports["metrics"])
             nginx_port = benchlib.free_port()
             nginx = start_nginx(tmp / "nginx", nginx_port, up_port)
             urls = {
@@ -307,7 +302,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=300.0, help="requests per second, total")
     parser.add_argument("--duration", type=float, default=10.0, help="seconds of load a repeat")
     parser.add_argument("--warmup", type=float, default=1.0, help="seconds dropped at start")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="2 s, 1 repeat (a smoke test)")
     parser.add_argument("--json", type=Path, help="write the results as JSON to this file")

@@ -36,7 +36,8 @@ def _machine_line(m: dict[str, Any], end: dict[str, Any] | None = None) -> str:
     load = " / ".join(f"{x:g}" for x in m["loadavg"])
     text = (
         f"{m['cpu']}, {m['cores']} cores, {m.get('memory_gb')} GB, Python {m['python']}, "
-        f"{m['os']}; {m['date']}; load average (1/5/15 min) {load} at the start"
+        f"{m['os']}; {m['date']}; code at {m.get('commit', 'unknown')}; "
+        f"load average (1/5/15 min) {load} at the start"
     )
     if end is not None:
         text += ", " + " / ".join(f"{x:g}" for x in end["loadavg"]) + " at the end"
@@ -66,7 +67,7 @@ def mirror(doc: dict[str, Any]) -> list[str]:
         "calls/min, the sampled events re-asked of a simulated model) against a bare aiohttp "
         "handler that reads the body and answers 202. Load generator: Debian's `wrk` (one "
         "thread, closed loop, its own process), both targets in alternating order in each "
-        f"repeat; medians of {doc['repeats']} runs of {doc['seconds']:g} s. "
+        f"repeat; medians over {doc['repeats']} repeats of {doc['seconds']:g} s. "
         f"{_ran(doc)}",
         "",
     ]

@@ -228,19 +228,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         model, model_port, stats_port = _spawn_model(args.model_latency_ms)
         relmon = None
         try:
-            ports = {k: benchlib.free_port() for k in ("metrics", "review", "traffic")}
-            config = tmp / "relmon.yaml"
-            benchlib.relmon_config(
-                config,
-                model_url=f"http://127.0.0.1:{model_port}/v1",
-                state_dir=tmp / "state",
-                ports=ports,
+            relmon, ports = benchlib.start_relmon_service(
+                tmp,
+                f"http://127.0.0.1:{model_port}/v1",
                 sampling_rate=args.sampling_rate,
                 calls_per_minute=args.calls_per_minute,
                 max_in_flight=MAX_IN_FLIGHT,
                 queue_size=QUEUE_SIZE,
             )
-            relmon = benchlib.start_relmon(config, tmp / "relmon.log", ports["metrics"])
             print(
                 f"soak: {rate:.0f} req/s for {args.seconds:g} s, sampling {args.sampling_rate:g}, "
                 f"budget {args.calls_per_minute} calls/min (x{args.budget_factor:g} offered)",

@@ -46,8 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import benchlib
 
-from monitor.consensus import rank_classes
-from monitor.simulate.real_stopping import RealItem, load_answer_file
+from monitor.simulate.real_stopping import RealItem, load_answer_file, replay_top
 from monitor.simulate.sequential import GRID, describe_distribution
 from monitor.stopping import (
     DEFAULT_FUTILITY,
@@ -155,19 +154,6 @@ def stress_grid() -> list[RealItem]:
     return items
 
 
-def replay(rule: StoppingRule, item: RealItem, rng: np.random.Generator) -> tuple[int, bool, str]:
-    """One item under ``rule``: (calls, certified, top-ranked class)."""
-    p = np.asarray(item.probabilities)
-    counts = np.zeros(p.size, dtype=int)
-    decision = rule.decide([])
-    while not decision.stop:
-        counts += rng.multinomial(decision.more, p)
-        decision = rule.decide(counts.tolist())
-    drawn = [c for c, n in zip(item.classes, counts.tolist(), strict=True) for _ in range(n)]
-    consensus = rank_classes(drawn, rng)
-    return int(counts.sum()), decision.certified, consensus.classes[0]
-
-
 def measure(items: Sequence[RealItem], reps: int, seed: int) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     for name, rule in rules().items():
@@ -175,7 +161,7 @@ def measure(items: Sequence[RealItem], reps: int, seed: int) -> dict[str, dict[s
         for i, item in enumerate(items):
             mode = item.true_mode
             for r in range(reps):
-                used, cert, top = replay(rule, item, np.random.default_rng([seed, i, r]))
+                used, cert, top = replay_top(rule, item, np.random.default_rng([seed, i, r]))
                 calls += used
                 certified += cert
                 wrong += cert and (mode is None or top != mode)

@@ -44,6 +44,7 @@ __all__ = [
     "load_answer_file",
     "real_items",
     "replay",
+    "replay_top",
     "run_real_stopping",
 ]
 
@@ -183,10 +184,10 @@ class RealStoppingResult:
         return format_table(head, rows, title)
 
 
-def replay(
+def replay_top(
     rule: StoppingRule, item: RealItem, rng: np.random.Generator
-) -> tuple[int, bool, bool, bool]:
-    """One item under ``rule``: (calls, certified, wrong mode, top answer acceptable)."""
+) -> tuple[int, bool, str | None]:
+    """One item under ``rule``: (calls, certified, the top-ranked class after stopping)."""
     p = np.asarray(item.probabilities)
     counts = np.zeros(p.size, dtype=int)
     decision = rule.decide([])
@@ -196,8 +197,16 @@ def replay(
     drawn = [c for c, n in zip(item.classes, counts.tolist(), strict=True) for _ in range(n)]
     consensus = rank_classes(drawn, rng)
     top = consensus.classes[0] if consensus.classes else None
-    wrong = decision.certified and (item.true_mode is None or top != item.true_mode)
-    return int(counts.sum()), decision.certified, wrong, top in item.acceptable
+    return int(counts.sum()), decision.certified, top
+
+
+def replay(
+    rule: StoppingRule, item: RealItem, rng: np.random.Generator
+) -> tuple[int, bool, bool, bool]:
+    """One item under ``rule``: (calls, certified, wrong mode, top answer acceptable)."""
+    calls, certified, top = replay_top(rule, item, rng)
+    wrong = certified and (item.true_mode is None or top != item.true_mode)
+    return calls, certified, wrong, top in item.acceptable
 
 
 def run_real_stopping(

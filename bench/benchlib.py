@@ -236,6 +236,20 @@ def metric_sum(text: str, name: str, **labels: str) -> float:
     return total
 
 
+def listen_overflows() -> int | None:
+    """The kernel's count of connections dropped because a listen queue was full
+    (TcpExt ListenOverflows, machine-wide), None where it cannot be read."""
+    try:
+        lines = Path("/proc/net/netstat").read_text().splitlines()
+    except OSError:
+        return None
+    for head, values in zip(lines[::2], lines[1::2], strict=False):
+        if head.startswith("TcpExt:"):
+            fields = dict(zip(head.split()[1:], values.split()[1:], strict=False))
+            return int(fields["ListenOverflows"]) if "ListenOverflows" in fields else None
+    return None
+
+
 # -- wrk -------------------------------------------------------------------------------------
 
 _UNITS = {"us": 1e-3, "ms": 1.0, "s": 1000.0, "m": 60_000.0}

@@ -317,16 +317,21 @@ def soak(doc: dict[str, Any] | None) -> list[str]:
         f"{doc['budget_factor_asked']:g}× the budget at the fewest samples an item can take; "
         f"measured {doc['offered_factor_measured']:.1f}× (the items took "
         f"{doc['mean_samples_per_item']:.1f} samples on average). Load generator: an "
-        "aiohttp client, open loop, in its own process.",
+        "aiohttp client, open loop, in its own process, opening a new connection whenever "
+        "all are busy (as a mirroring proxy does); one request in ten also went to a bare "
+        "aiohttp handler answering 202, the baseline for latency in the same run.",
         "",
     ]
     rss_1 = doc["rss_after_1min_mb"]
+    mean = doc.get("model_calls_per_minute_mean_after_1min")
+    peak = doc["model_calls_per_minute_max_after_1min"]
+    overflows = doc.get("listen_overflows_machine_wide")
     rows = [
         [
-            "RSS start / after 1 min / end",
+            "relmon's RSS start / after 1 min / max / end",
             f"{doc['rss_start_mb']:.1f} / "
             + (f"{rss_1:.1f}" if rss_1 is not None else "n/a")
-            + f" / {doc['rss_end_mb']:.1f} MB",
+            + f" / {doc['rss_max_mb']:.1f} / {doc['rss_end_mb']:.1f} MB",
         ],
         [
             "queue bounds held",
@@ -336,13 +341,15 @@ def soak(doc: dict[str, Any] | None) -> list[str]:
         ],
         [
             "model-call budget held",
-            f"{'yes' if doc['budget_held'] else 'NO'}: at most "
+            f"{'yes' if doc['budget_held'] else 'NO'}: "
             + (
-                f"{doc['model_calls_per_minute_max_after_1min']:.0f}"
-                if doc["model_calls_per_minute_max_after_1min"] is not None
+                f"{mean:.0f} calls/min on average after the first minute, the busiest minute "
+                f"{peak:.0f}"
+                if mean is not None and peak is not None
                 else "n/a (run shorter than 2 min)"
             )
-            + f" calls in a minute after the first (budget {doc['calls_per_minute_budget']})",
+            + f" (budget {doc['calls_per_minute_budget']}; a minute may also hold the calls "
+            "of items admitted before it began)",
         ],
         [
             "drops counted",
@@ -360,7 +367,19 @@ def soak(doc: dict[str, Any] | None) -> list[str]:
         [
             "mirror latency p50 / p99 / max",
             f"{doc['mirror_p50_ms']:.2f} / {doc['mirror_p99_ms']:.2f} / "
-            f"{doc['mirror_max_ms']:.1f} ms",
+            f"{doc['mirror_max_ms']:,.1f} ms; {doc['mirror_over_1s']:,} requests over 1 s",
+        ],
+        [
+            "bare 202 handler p50 / p99 / max (baseline)",
+            f"{doc['bare_p50_ms']:.2f} / {doc['bare_p99_ms']:.2f} / "
+            f"{doc['bare_max_ms']:,.1f} ms; {doc['bare_over_1s']:,} of "
+            f"{doc['bare_requests']:,} over 1 s; mirror p99 "
+            f"{_x(doc['mirror_p99_ratio_to_bare'])} of the baseline's",
+        ],
+        [
+            "connections opened / listen-queue overflows",
+            f"{doc['connections_opened']:,} / "
+            + ("n/a" if overflows is None else f"{overflows:,} (machine-wide, during the run)"),
         ],
         ["relmon alive at the end", "yes" if doc["relmon_alive_at_end"] else "NO"],
     ]

@@ -9,17 +9,20 @@ taking ``--model-latency-ms``), ``relmon run`` (mirror, one task, budget
 aiohttp handler answering 202 (the baseline: one request in ten is also sent to it, so
 the machine's own stalls show in its latency too), and this load generator (aiohttp,
 open loop: requests start on a fixed schedule whatever the latency; like a mirroring
-proxy it opens a new connection when every open one is busy). The request rate is chosen so that the sampled events would need
-``budget-factor x calls-per-minute`` calls at the fewest samples an item can take (8,
-unanimous answers), so the real overload is at least that.
+proxy it opens a new connection when every open one is busy). The request rate is
+chosen so that the sampled events would need ``budget-factor x calls-per-minute`` calls
+at the fewest samples an item can take (8, unanimous answers), so the real overload is
+at least that.
 
 Every ``--scrape-every`` seconds it reads relmon's /metrics and the process's RSS. At
 the end it checks what must hold under overload and reports it:
 
-- RSS at start (after start-up, before load), after the first minute, and at the end;
+- relmon's RSS at start (after start-up, before load), after the first minute, its
+  maximum and at the end;
 - queue bounds held: items admitted but not finished (sampled - scored - abandoned)
-  never above ``queue_size + max_in_flight``; the model never saw more calls in a
-  minute than the budget allows (after the first minute; the bucket starts full);
+  never above ``queue_size + max_in_flight``; after the first minute (the bucket starts
+  full) the model saw no more calls a minute on average than the budget allows (a single
+  minute may also hold the calls of items admitted before it began);
 - drops counted: every request sent was answered 202 and counted once, as sampled,
   skipped, dropped or rejected;
 - the mirror's latency: p50/p99 per interval and over the whole run, beside the bare
@@ -355,6 +358,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "rss_start_mb": out["rss_start_kb"] / 1024,
         "rss_after_1min_mb": rss_minute / 1024 if rss_minute else None,
         "rss_end_mb": out["rss_end_kb"] / 1024,
+        "rss_max_mb": max([out["rss_end_kb"], *(r["rss_kb"] for r in timeline)]) / 1024,
         "in_system_max": max_in_system,
         "in_system_bound": bound,
         "queue_bound_held": max_in_system <= bound,

@@ -140,7 +140,10 @@ def test_soak(quick: tuple[Path, dict[str, str | None]]) -> None:
     assert doc["queue_bound_held"] and doc["in_system_max"] <= doc["in_system_bound"]
     assert doc["relmon_alive_at_end"]
     assert positive(doc["rss_start_mb"]) and positive(doc["rss_end_mb"])
-    assert doc["mirror_p50_ms"] <= doc["mirror_p99_ms"]
+    assert doc["mirror_p50_ms"] <= doc["mirror_p99_ms"] <= doc["mirror_max_ms"]
+    assert doc["bare_requests"] > 0 and positive(doc["mirror_p99_ratio_to_bare"])
+    assert doc["connections_opened"] >= 1
+    assert doc["rss_start_mb"] <= doc["rss_max_mb"] and doc["rss_end_mb"] <= doc["rss_max_mb"]
 
 
 @pytest.mark.timeout(900)

@@ -208,7 +208,30 @@ def start_relmon_service(
     ports = {k: free_port() for k in ("metrics", "review", "traffic")}
     config = tmp / "relmon.yaml"
     relmon_config(config, model_url=model_url, state_dir=tmp / "state", ports=ports, **options)
-    return start_relmon(config, tmp / "relmon.log", ports["metrics"]), ports
+    proc = start_relmon(config, tmp / "relmon.log", ports["metrics"])
+    try:  # /readyz may answer before the traffic listener is up
+        wait_port(ports["traffic"], proc)
+    except RuntimeError:
+        stop(proc)
+        raise
+    return proc, ports
+
+
+def wait_port(port: int, proc: subprocess.Popen[bytes] | None, deadline_s: float = 60) -> None:
+    """Wait until 127.0.0.1:``port`` accepts connections (``proc`` must stay alive)."""
+    end = time.monotonic() + deadline_s
+    while True:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"the process that should listen on {port} exited")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+        except OSError:
+            if time.monotonic() > end:
+                raise RuntimeError(
+                    f"nothing listens on port {port} after {deadline_s:g} s"
+                ) from None
+            time.sleep(0.05)
 
 
 def rss_kb(pid: int) -> int:

@@ -22,7 +22,6 @@ import asyncio
 import json
 import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -126,18 +125,14 @@ def start_nginx(prefix: Path, port: int, upstream_port: int) -> subprocess.Popen
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    deadline = time.monotonic() + 30
-    while True:  # nginx is up once it accepts connections
-        if proc.poll() is not None:
-            raise RuntimeError(f"nginx exited: {log.read_text() if log.exists() else ''}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return proc
-        except OSError:
-            if time.monotonic() > deadline:
-                benchlib.stop(proc)
-                raise RuntimeError("nginx did not start listening") from None
-            time.sleep(0.05)
+    try:
+        benchlib.wait_port(port, proc, deadline_s=30)
+    except RuntimeError:
+        benchlib.stop(proc)
+        raise RuntimeError(
+            f"nginx did not start: {log.read_text() if log.exists() else ''}"
+        ) from None
+    return proc
 
 
 # -- the load generator ---------------------------------------------------------------------

@@ -47,17 +47,7 @@ def machine() -> dict[str, Any]:
         mem_gb = round(int(m.group(1)) / 1024 / 1024, 1) if m else None
     except OSError:
         pass
-    try:
-        commit = subprocess.run(
-            ["git", "describe", "--always", "--dirty"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        commit = "unknown"
+    commit = _commit()
     return {
         "commit": commit,
         "cpu": cpu,
@@ -68,6 +58,39 @@ def machine() -> dict[str, Any]:
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "loadavg": [round(x, 2) for x in os.getloadavg()],
     }
+
+
+def _commit() -> str:
+    """HEAD's short hash, ``-dirty`` if tracked files other than the results changed."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+        changed = subprocess.run(
+            [
+                "git",
+                "status",
+                "--porcelain",
+                "--untracked-files=no",
+                "--",
+                ".",
+                ":!bench/results",
+                ":!bench/RESULTS.md",
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head + ("-dirty" if changed else "")
 
 
 def write_json(doc: dict[str, Any], path: Path | None) -> None:

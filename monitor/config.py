@@ -390,7 +390,8 @@ class Settings(BaseSettings):
     budget: BudgetSettings = BudgetSettings()
     review_token: SecretStr | None = None  # RELMON_REVIEW_TOKEN
     redaction: RedactionSettings = RedactionSettings()
-    query_hash_key: SecretStr | None = None  # else generated into state_dir
+    query_hash_key: SecretStr | None = None  # else query_hash_key_file, else state_dir
+    query_hash_key_file: Path | None = None
     state_dir: Path = Field(default_factory=default_state_dir)
     log_format: Literal["json", "console"] = "json"
     log_prompts: bool = False
@@ -402,6 +403,15 @@ class Settings(BaseSettings):
     @classmethod
     def _expand_home(cls, v: Path) -> Path:
         return v.expanduser()
+
+    def resolved_query_hash_key(self) -> str | None:
+        """``query_hash_key``, else the contents of ``query_hash_key_file``, else None
+        (then a key is generated into ``state_dir``)."""
+        if self.query_hash_key is not None and self.query_hash_key.get_secret_value():
+            return self.query_hash_key.get_secret_value()
+        if self.query_hash_key_file is not None:
+            return _read_secret(self.query_hash_key_file, "query_hash_key_file")
+        return None
 
     def resolved_review_token(self) -> str | None:
         """RELMON_REVIEW_TOKEN, else review.token, else the contents of review.token_file."""
@@ -632,7 +642,14 @@ def validate_settings(settings: Settings, *, review_token: str | None = None) ->
                 "review.token: the review API needs a token: set RELMON_REVIEW_TOKEN, "
                 "review.token or review.token_file"
             )
-    if settings.review.backend != "http" and settings.query_hash_key is None:
+    if settings.query_hash_key is not None and settings.query_hash_key_file is not None:
+        problems.append("query_hash_key_file: set either query_hash_key or query_hash_key_file")
+    elif settings.query_hash_key_file is not None:
+        try:
+            settings.resolved_query_hash_key()
+        except ConfigError as exc:
+            problems.append(str(exc))
+    elif settings.review.backend != "http" and settings.query_hash_key is None:
         problem = _state_dir_problem(settings.state_dir)
         if problem:  # the generated query hash key is kept there
             problems.append(

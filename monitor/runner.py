@@ -57,10 +57,12 @@ _ASYNC_ONLY = frozenset({"embedding", "llm"})
 
 
 def query_hash_key(settings: Settings) -> bytes:
-    """The key of the logged query hash: ``query_hash_key``, else the one generated
-    into ``state_dir/query-hash.key`` (mode 0600) at the first start and reused."""
-    if settings.query_hash_key is not None and settings.query_hash_key.get_secret_value():
-        return settings.query_hash_key.get_secret_value().encode("utf-8")
+    """The key of the logged query hash: ``query_hash_key`` or ``query_hash_key_file``,
+    else the one generated into ``state_dir/query-hash.key`` (mode 0600) at the first
+    start and reused."""
+    configured = settings.resolved_query_hash_key()
+    if configured is not None:
+        return configured.encode("utf-8")
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     path = settings.state_dir / QUERY_HASH_KEY_FILE
     if not path.exists():

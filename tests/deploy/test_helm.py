@@ -309,3 +309,17 @@ def test_sidecar_template_adds_relmon_to_an_application_pod(tmp_path: Path) -> N
     for doc in docs:
         if doc["kind"] not in CRDS:
             kubernetes_validate.validate(doc, K8S, strict=True)
+
+
+def test_the_query_hash_key_comes_from_the_secret_on_every_backend() -> None:
+    """One key per release for every replica, in the Secret the chart creates; with an
+    existing Secret, relmon generates it into the state volume as before."""
+    for values in ({}, {"review": {"backend": "kafka"}, "kafka": {"enabled": True}}):
+        docs = render(values)
+        [secret] = by_kind(docs, "Secret")
+        assert len(secret["data"]["query-hash-key"]) >= 64  # 48 random characters, base64
+        config = yaml.safe_load(by_kind(docs, "ConfigMap")[0]["data"]["relmon.yaml"])
+        assert config["query_hash_key_file"] == "/etc/relmon/secrets/query-hash-key"
+    docs = render(values_of(CHART / "ci" / "existing-secret-values.yaml"))
+    config = yaml.safe_load(by_kind(docs, "ConfigMap")[0]["data"]["relmon.yaml"])
+    assert "query_hash_key_file" not in config

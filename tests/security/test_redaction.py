@@ -168,3 +168,22 @@ def test_an_unreadable_key_file_is_a_config_error(tmp_path: Path) -> None:
     other = load_settings(None, state_dir=tmp_path / "fresh")
     key = query_hash_key(other)
     assert len(key) == 64 and query_hash_key(other) == key  # generated once, reused
+
+
+def test_query_hash_key_file(tmp_path: Path) -> None:
+    key_file = tmp_path / "key"
+    key_file.write_text("  from-a-mounted-secret\n")
+    settings = load_settings(None, state_dir=tmp_path / "state", query_hash_key_file=key_file)
+    assert query_hash_key(settings) == b"from-a-mounted-secret"
+    assert not (tmp_path / "state").exists()  # nothing generated
+    task = [{"name": "t", "endpoint": {"model": "m"}}]
+    both = load_settings(
+        None, tasks=task, review_token="t", query_hash_key="k", query_hash_key_file=key_file
+    )
+    with pytest.raises(ConfigError, match="either query_hash_key or query_hash_key_file"):
+        validate_settings(both)
+    missing = load_settings(
+        None, tasks=task, review_token="t", query_hash_key_file=tmp_path / "nope"
+    )
+    with pytest.raises(ConfigError, match="query_hash_key_file: cannot read"):
+        validate_settings(missing)

@@ -105,6 +105,9 @@ relmon.yaml: the user's config with the chart-managed keys set from the values.
 {{- $k := .Values.kafka }}
 {{- $_ := set $cfg "kafka" (dict "enabled" $k.enabled "bootstrap_servers" $k.bootstrapServers "traffic_topic" $k.trafficTopic "dead_letter_topic" $k.deadLetterTopic "group_id" $k.groupId "review_topic" $k.reviewTopic "verdict_topic" $k.verdictTopic "verdict_dead_letter_topic" $k.verdictDeadLetterTopic "verdict_wait_s" $k.verdictWaitSeconds) }}
 {{- $_ := set $cfg "state_dir" "/var/lib/relmon" }}
+{{- if and .Values.secret.create (not .Values.secret.existingSecret) }}
+{{- $_ := set $cfg "query_hash_key_file" "/etc/relmon/secrets/query-hash-key" }}
+{{- end }}
 {{- $_ := set $cfg "log_format" "json" }}
 {{- $_ := set $cfg "drain_timeout_s" (int .Values.drainTimeoutSeconds) }}
 {{- toYaml $cfg }}

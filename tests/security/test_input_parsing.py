@@ -1,0 +1,69 @@
+"""The pure parsers every source shares (HTTP mirror/proxy, Kafka traffic and verdict
+topics): hostile JSON is an InputError with a short reason, never another exception."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from adapters.kafka_source import parse_event_bytes
+from monitor.errors import InputError
+from monitor.events import is_text, parse_event, query_text
+from monitor.review import parse_verdict
+
+GOOD = {"id": "e1", "model": "m", "request": {"messages": [{"role": "user", "content": "q"}]}}
+
+
+def _event(**changes: object) -> bytes:
+    return json.dumps(GOOD | changes).encode()
+
+
+HOSTILE_EVENTS = [
+    b'{"id": "e1", "model": "m", "n": ' + b"9" * 5000 + b', "request": {"messages": []}}',
+    b'{"id": ' + b"[" * 50_000 + b"]" * 50_000 + b"}",
+    _event(id="\ud800"),
+    _event(model="bad \udfff"),
+    _event(task="\ud800"),
+    _event(request={"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}),
+    _event(request={"messages": [{"role": "user", "content": [{"text": None}]}]}),
+    _event(request={"messages": [{"role": "user", "content": ["part"]}]}),
+    _event(request={"messages": [{"role": "user", "content": {"text": "x"}}]}),
+    _event(request={"messages": [{"role": "user", "content": "\ud800"}]}),
+    _event(response={"choices": [{"message": {"content": "\udfff"}}]}),
+]
+
+
+@pytest.mark.parametrize("raw", HOSTILE_EVENTS)
+def test_hostile_events_are_input_errors_on_every_path(raw: bytes) -> None:
+    with pytest.raises(InputError):
+        parse_event(raw)
+    with pytest.raises(InputError):
+        parse_event_bytes(raw)
+
+
+def test_content_parts_with_text_still_parse() -> None:
+    parts = [{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {"url": "u"}}]
+    event = parse_event(_event(request={"messages": [{"role": "user", "content": parts}]}))
+    assert query_text(event.request) == "a"
+    assert parse_event(_event(request={"messages": [{"role": "assistant", "content": None}]}))
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"item_id": "i", "accepted_ranks": [' + b"1" * 5000 + b"]}",
+        b"[" * 50_000 + b"]" * 50_000,
+        b'{"item_id": "\\ud800", "accepted_ranks": [1]}',
+        b'{"item_id": "i", "none_of_these": true, "correct_answer": "\\udfff"}',
+        b'{"item_id": "i", "none_of_these": true, "reviewer": "\\ud800"}',
+        b"\xff\xfe",
+    ],
+)
+def test_hostile_verdicts_are_input_errors(raw: bytes) -> None:
+    with pytest.raises(InputError):
+        parse_verdict(raw)
+
+
+def test_is_text() -> None:
+    assert is_text("ok ü") and not is_text("\ud800") and not is_text(b"x") and not is_text(None)

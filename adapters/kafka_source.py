@@ -27,6 +27,12 @@ past the last record seen when all are done), so a restart re-delivers exactly t
 records from the first unfinished one on. Commits happen at most every
 ``commit_interval_s``, when partitions are revoked, and at :meth:`stop`.
 
+Consumer lag (:class:`ConsumerLag`): every ``lag_interval_s`` the log end of each
+assigned partition is asked for and the records between it and the first record not
+done yet (held, in flight or not fetched: what the commit point will pass) are exported
+to ``relmon_kafka_consumer_lag{topic,partition}``; the series of a partition this
+consumer no longer has are removed, so that a sum over replicas counts each once.
+
 :class:`KafkaConsumerBase` holds what the source shares with the verdict consumer in
 :mod:`adapters.kafka_review`: start/stop, commits, rebalances, the dead-letter producer.
 """
@@ -34,6 +40,7 @@ records from the first unfinished one on. Commits happen at most every
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import deque
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
@@ -58,6 +65,8 @@ else:
 
 __all__ = [
     "CLIENT_OPTION_KEYS",
+    "METADATA_MAX_AGE_MS",
+    "ConsumerLag",
     "KafkaConsumerBase",
     "KafkaEventSource",
     "KafkaUnavailableError",
@@ -92,6 +101,10 @@ CLIENT_OPTION_KEYS = frozenset(
 
 _MAX_REASON_CHARS = 300
 _POLL_MAX_S = 0.25
+_LAG_TIMEOUT_S = 10.0
+METADATA_MAX_AGE_MS = 10_000
+"""Consumers refresh metadata this often: a new partition, or a topic that appears after
+a broker came back empty, is seen within 10 s instead of aiokafka's 5 minutes."""
 _DLQ_OVERHEAD_BYTES = 64 * 1024
 
 
@@ -169,6 +182,64 @@ def dead_letter_headers(
     ]
 
 
+class ConsumerLag:
+    """Measures and exports one consumer's lag: records behind the log end per partition.
+
+    ``consumed(tp)`` gives the first offset of a partition not done yet (None: use the
+    consumer's position). The log end is the larger of a fresh ``end_offsets`` answer and
+    the last fetch's high watermark (a broker may under-report one of them).
+    """
+
+    def __init__(
+        self, gauge: Any, interval_s: float, consumed: Callable[[Any], int | None]
+    ) -> None:
+        if interval_s <= 0:
+            raise ConfigError("lag_interval_s must be positive")
+        self._gauge = gauge
+        self._interval_s = interval_s
+        self._consumed = consumed
+        self._series: set[tuple[str, str]] = set()
+        self.lag: dict[Any, int] = {}
+        """The last measurement, per assigned partition."""
+
+    async def measure(self, consumer: Any) -> dict[Any, int]:
+        tps = sorted(consumer.assignment(), key=lambda tp: (tp.topic, tp.partition))
+        end = await consumer.end_offsets(tps) if tps else {}
+        lag: dict[Any, int] = {}
+        for tp in tps:
+            if tp not in consumer.assignment():
+                continue  # revoked meanwhile
+            done = self._consumed(tp)
+            if done is None:
+                done = await consumer.position(tp)
+            log_end = max(end.get(tp) or 0, consumer.highwater(tp) or 0)
+            lag[tp] = max(0, log_end - done)
+        self.lag = lag
+        self.export(lag)
+        return lag
+
+    def export(self, lag: Mapping[Any, int]) -> None:
+        """Set the gauge's series of ``lag``; remove this consumer's other series."""
+        if self._gauge is None:
+            return
+        series = {(tp.topic, str(tp.partition)): n for tp, n in lag.items()}
+        for labels in self._series - series.keys():
+            with contextlib.suppress(KeyError):
+                self._gauge.remove(*labels)
+        for labels, n in series.items():
+            self._gauge.labels(*labels).set(n)
+        self._series = set(series)
+
+    async def loop(self, consumer: Any, topic: str) -> None:
+        """Measure every ``interval_s`` until cancelled (a failed try is logged, retried)."""
+        while True:
+            try:
+                await asyncio.wait_for(self.measure(consumer), _LAG_TIMEOUT_S)
+            except (KafkaError, TimeoutError) as exc:
+                log.info("kafka.lag_unknown", topic=topic, error=type(exc).__name__)
+            await asyncio.sleep(self._interval_s)
+
+
 class PartitionProgress:
     """What is done in one assigned partition.
 
@@ -235,6 +306,8 @@ class KafkaConsumerBase:
         dlq_max_value_bytes: int = 1_000_000,
         producer_options: Mapping[str, Any] | None = None,
         consumer_options: Mapping[str, Any] | None = None,
+        lag_gauge: Any = None,
+        lag_interval_s: float = 5.0,
     ) -> None:
         if commit_interval_s <= 0:
             raise ConfigError("commit_interval_s must be positive")
@@ -248,6 +321,7 @@ class KafkaConsumerBase:
         options = dict(consumer_options or {})
         options.pop("enable_auto_commit", None)
         options.setdefault("auto_offset_reset", "earliest")
+        options.setdefault("metadata_max_age_ms", METADATA_MAX_AGE_MS)
         self._consumer_options = options
         shared = {k: v for k, v in options.items() if k in CLIENT_OPTION_KEYS}
         self._producer_options = {**shared, **(producer_options or {})}
@@ -262,6 +336,7 @@ class KafkaConsumerBase:
         self._closed = False
         self.commit_failures = 0
         """Commits that failed (retried at the next interval); for tests and logs."""
+        self.lag = ConsumerLag(lag_gauge, lag_interval_s, self._first_not_done)
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -305,6 +380,7 @@ class KafkaConsumerBase:
         interval = self._commit_interval_s
         poll_ms = max(1, int(min(interval, _POLL_MAX_S) * 1000))
         next_commit = loop.time() + interval
+        lag_task = asyncio.create_task(self.lag.loop(consumer, self._topic))
         try:
             while not self._stopping.is_set():
                 if self._failure is not None:
@@ -324,6 +400,8 @@ class KafkaConsumerBase:
                 f"consuming {self._topic} failed: {type(exc).__name__}: {exc}"
             ) from exc
         finally:
+            lag_task.cancel()
+            await asyncio.wait({lag_task})
             self._run_task = None
             self._run_exited.set()
 
@@ -352,7 +430,16 @@ class KafkaConsumerBase:
                 log.warning("kafka.final_commit_timeout", topic=self._topic)
         await self._close_clients()
         self._parts.clear()
+        self.lag.export({})
         log.info("kafka.stopped", topic=self._topic, group=self._group_id)
+
+    @property
+    def topic(self) -> str:
+        return self._topic
+
+    def _first_not_done(self, tp: Any) -> int | None:
+        st = self._parts.get(tp)
+        return None if st is None else st.commit_point()
 
     @property
     def connected(self) -> bool:
@@ -479,6 +566,8 @@ class KafkaEventSource(KafkaConsumerBase):
         *,
         source_name: str = "kafka",
         producer_options: Mapping[str, Any] | None = None,
+        lag_gauge: Any = None,
+        lag_interval_s: float = 5.0,
         **consumer_options: Any,
     ) -> None:
         super().__init__(
@@ -491,6 +580,8 @@ class KafkaEventSource(KafkaConsumerBase):
             dlq_max_value_bytes=max(max_event_bytes, 1_000_000),
             producer_options=producer_options,
             consumer_options=consumer_options,
+            lag_gauge=lag_gauge,
+            lag_interval_s=lag_interval_s,
         )
         self.source_name = source_name
         self._sink = sink

@@ -26,6 +26,8 @@ from adapters.kafka_review import (
 )
 from adapters.kafka_source import (
     CLIENT_OPTION_KEYS,
+    METADATA_MAX_AGE_MS,
+    ConsumerLag,
     KafkaUnavailableError,
     close_clients,
     dead_letter_headers,
@@ -80,6 +82,8 @@ class KafkaVerdictConsumer:
         review_queue: KafkaReviewQueue | None = None,
         on_item: Callable[[ReviewItem], None] | None = None,
         producer_options: Mapping[str, Any] | None = None,
+        lag_gauge: Any = None,
+        lag_interval_s: float = 5.0,
     ) -> None:
         if store.dead_letter_topic is None:
             raise ConfigError("the verdict consumer needs the store's dead_letter_topic")
@@ -95,6 +99,7 @@ class KafkaVerdictConsumer:
         options = dict(store.consumer_options)
         for key in ("group_id", "enable_auto_commit", "auto_offset_reset"):
             options.pop(key, None)
+        options.setdefault("metadata_max_age_ms", METADATA_MAX_AGE_MS)
         self._consumer_options = options
         shared = {k: v for k, v in options.items() if k in CLIENT_OPTION_KEYS}
         self._producer_options = {**shared, **(producer_options or {})}
@@ -110,6 +115,7 @@ class KafkaVerdictConsumer:
         self._closed = False
         self.dead_letters = 0
         """Verdicts this consumer dead-lettered (for tests and logs)."""
+        self.lag = ConsumerLag(lag_gauge, lag_interval_s, self._next_offset)
 
     @property
     def waiting(self) -> int:
@@ -157,6 +163,7 @@ class KafkaVerdictConsumer:
         self._run_exited.clear()
         order = {t: i for i, t in enumerate(self._store.topics)}
         next_refresh = loop.time() + _REFRESH_S
+        lag_task = asyncio.create_task(self.lag.loop(consumer, self._store.verdict_topic))
         try:
             unreadable, self._store.unreadable = self._store.unreadable, []
             for record, reason in unreadable:
@@ -181,6 +188,8 @@ class KafkaVerdictConsumer:
                 f"following {', '.join(self._store.topics)} failed: {type(exc).__name__}"
             ) from exc
         finally:
+            lag_task.cancel()
+            await asyncio.wait({lag_task})
             self._run_exited.set()
 
     async def stop(self, timeout_s: float = 10.0) -> None:
@@ -194,9 +203,18 @@ class KafkaVerdictConsumer:
         except TimeoutError:
             log.warning("kafka.stop_timeout", topic=self._store.verdict_topic)
         await self._close_clients()
+        self.lag.export({})
         if self._waiting:
             log.info("kafka.verdicts_left_waiting", verdicts=self.waiting)
         log.info("kafka.stopped", topic=",".join(self._store.topics), group=None)
+
+    @property
+    def topic(self) -> str:
+        return ",".join(self._store.topics)
+
+    def _next_offset(self, tp: TopicPartition) -> int | None:
+        """The first record of ``tp`` not handled yet (``_next`` is replaced at start)."""
+        return self._next.get(tp)
 
     @property
     def connected(self) -> bool:

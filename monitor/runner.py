@@ -149,7 +149,13 @@ class Running:
 
     def not_ready(self) -> list[str]:
         reasons = [] if self.service.loaded else ["calibration windows not loaded"]
-        reasons += [f"{type(s).__name__} not connected" for s in self.sources if not s.connected]
+        reasons += [
+            f"Kafka broker not reachable ({type(s).__name__}, topic {s.topic})"
+            if hasattr(s, "topic")
+            else f"{type(s).__name__} not connected"
+            for s in self.sources
+            if not s.connected
+        ]
         return reasons
 
     async def close(self, drain_timeout_s: float) -> bool:
@@ -279,6 +285,7 @@ async def start_service(settings: Settings, *, review_token: str | None = None) 
             wait_s=settings.kafka.verdict_wait_s,
             review_queue=kafka_queue,
             on_item=service.note_review_item,
+            lag_gauge=metrics.kafka_consumer_lag,
         )
         await verdicts.start()
         sources.append(verdicts)
@@ -310,6 +317,7 @@ async def start_service(settings: Settings, *, review_token: str | None = None) 
             settings.kafka.dead_letter_topic,
             functools.partial(service.offer, wait=True),  # paced by the budget, never dropped
             service.reject,
+            lag_gauge=metrics.kafka_consumer_lag,
         )
         await source.start()
         sources.append(source)

@@ -95,7 +95,13 @@ def test_every_rendered_manifest_is_valid_kubernetes(scenario: Path | None, tmp_
         assert scaled["apiVersion"] == "keda.sh/v1alpha1"
         trigger = scaled["spec"]["triggers"][0]
         assert trigger["type"] == "prometheus"
-        assert "relmon_kafka_consumer_lag" in trigger["metadata"]["query"]
+        # The metric relmon exports, on the traffic topic relmon.yaml consumes; each
+        # partition counted once even while two replicas export it during a rebalance.
+        relmon_yaml = yaml.safe_load(by_kind(docs, "ConfigMap")[0]["data"]["relmon.yaml"])
+        traffic = relmon_yaml["kafka"]["traffic_topic"]
+        assert trigger["metadata"]["query"] == (
+            f'sum(max by (partition) (relmon_kafka_consumer_lag{{topic="{traffic}"}}))'
+        )
         deployment = by_kind(docs, "Deployment")[0]
         assert scaled["spec"]["scaleTargetRef"]["name"] == deployment["metadata"]["name"]
         assert "replicas" not in deployment["spec"]  # KEDA owns the replica count

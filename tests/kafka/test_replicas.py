@@ -408,6 +408,32 @@ async def test_three_replicas_one_calibration_through_a_kill_9(
             await eventually(windows_full, timeout_s=60)
         except AssertionError:
             raise AssertionError(f"verdicts {len(scores)}, replicas {seen}") from None
+        # Lag: every replica exports the review and verdict partitions it follows, each
+        # traffic partition is exported by the replica that owns it (once the last
+        # rebalance settled and the next measurement ran), and all are caught up.
+        followed = {(topics["review"], str(p)) for p in range(2)}
+        followed |= {(topics["verdict"], str(p)) for p in range(3)}
+        traffic_tps = {(topics["traffic"], str(p)) for p in range(6)}
+        lags: dict[str, dict[tuple[str, str], float]] = {}
+
+        async def lags_settled() -> bool:
+            for r in replicas:
+                lags[r.name] = {
+                    (dict(k[1])["topic"], dict(k[1])["partition"]): v
+                    for k, v in (await r.metrics()).items()
+                    if k[0] == "relmon_kafka_consumer_lag"
+                }
+            owned = [key for lag in lags.values() for key in lag if key[0] == topics["traffic"]]
+            return (
+                all(followed <= set(lag) for lag in lags.values())
+                and sorted(owned) == sorted(traffic_tps)
+                and all(v == 0 for lag in lags.values() for v in lag.values())
+            )
+
+        try:
+            await eventually(lags_settled, timeout_s=60)
+        except AssertionError:
+            raise AssertionError(f"consumer lag series: {lags}") from None
         await asyncio.sleep(1.5)  # a late duplicate review item or verdict would show now
         stop_reviewer.set()
         await reviewing
@@ -461,24 +487,6 @@ async def test_three_replicas_one_calibration_through_a_kill_9(
         assert got["level"] == pytest.approx(level), name
         assert got["thresholds"] == thresholds, name
         assert got["unknown"] == 0, name
-    # Lag: every replica exports the review and verdict partitions it follows, each
-    # traffic partition is exported by a replica that owns it, and all are caught up.
-    lags = {
-        name: {
-            (dict(k[1])["topic"], dict(k[1])["partition"]): v
-            for k, v in m.items()
-            if k[0] == "relmon_kafka_consumer_lag"
-        }
-        for name, m in final.items()
-    }
-    print(json.dumps({n: {f"{t}/{p}": v for (t, p), v in lag.items()} for n, lag in lags.items()}))
-    for name, lag in lags.items():
-        followed = {(topics["review"], str(p)) for p in range(2)}
-        followed |= {(topics["verdict"], str(p)) for p in range(3)}
-        assert followed <= set(lag), name
-        assert all(v == 0 for v in lag.values()), (name, lag)
-    owned = {key for lag in lags.values() for key in lag if key[0] == topics["traffic"]}
-    assert owned == {(topics["traffic"], str(p)) for p in range(6)}
     # a and c lived through it all: each applied every verdict once, and saw each
     # duplicate as a duplicate (b's window was rebuilt by its replay instead).
     for r in (a, c):

@@ -142,7 +142,11 @@ def run(seconds: float, repeats: int, connections: int) -> dict[str, Any]:
             summary[target] = {
                 key: benchlib.median([x[key] for x in results])
                 for key in ("requests_per_s", "p50_ms", "p90_ms", "p99_ms")
-            } | {"errors": sum(x["non_2xx"] + x["socket_errors"] for x in results)}
+            } | {
+                "errors": sum(x["non_2xx"] + x["socket_errors"] for x in results),
+                "p99_ms_min": min(x["p99_ms"] for x in results),
+                "p99_ms_max": max(x["p99_ms"] for x in results),
+            }
         b, m = summary["bare"], summary["relmon"]
         summary["ratio"] = {
             "requests_per_s": m["requests_per_s"] / b["requests_per_s"],

@@ -59,6 +59,13 @@ def _ran(doc: dict[str, Any]) -> str:
     return f"Ran {m['date']} (load average {m['loadavg'][0]:g} at the start)."
 
 
+def _range(s: dict[str, Any]) -> str:
+    """The p99's range over the repeats: how much the machine moved it."""
+    if "p99_ms_min" not in s:
+        return ""
+    return f" ({s['p99_ms_min']:.1f}–{s['p99_ms_max']:.1f})"
+
+
 def mirror(doc: dict[str, Any]) -> list[str]:
     out = [
         "## 1. Mirror ingest",
@@ -83,8 +90,8 @@ def mirror(doc: dict[str, Any]) -> list[str]:
                 f"{s['bare']['requests_per_s']:,.0f}",
                 f"{s['relmon']['requests_per_s']:,.0f}",
                 _x(s["ratio"]["requests_per_s"]),
-                f"{s['bare']['p50_ms']:.2f} / {s['bare']['p99_ms']:.2f}",
-                f"{s['relmon']['p50_ms']:.2f} / {s['relmon']['p99_ms']:.2f}",
+                f"{s['bare']['p50_ms']:.2f} / {s['bare']['p99_ms']:.2f} {_range(s['bare'])}",
+                f"{s['relmon']['p50_ms']:.2f} / {s['relmon']['p99_ms']:.2f} {_range(s['relmon'])}",
                 _x(s["ratio"]["p99"]),
                 f"{s['bare']['errors']:.0f} / {s['relmon']['errors']:.0f}",
             ]
@@ -95,8 +102,8 @@ def mirror(doc: dict[str, Any]) -> list[str]:
             "bare req/s",
             "relmon req/s",
             "req/s ratio",
-            "bare p50 / p99 ms",
-            "relmon p50 / p99 ms",
+            "bare p50 / p99 ms (p99 range)",
+            "relmon p50 / p99 ms (p99 range)",
             "p99 ratio",
             "errors bare / relmon",
         ],
@@ -110,6 +117,9 @@ def mirror(doc: dict[str, Any]) -> list[str]:
         "count the requests in flight when a run ends): "
         + ", ".join(f"{k} {v:,.0f}" for k, v in c.items())
         + ".",
+        "",
+        "The requests/s ratio is the steadier figure: a p99 on this shared machine moves "
+        "with other processes' bursts (see its range over the repeats).",
         "",
         "Reproduce: `.venv/bin/python bench/mirror_bench.py`",
         "",
@@ -138,6 +148,7 @@ def proxy(doc: dict[str, Any]) -> list[str]:
             "",
             "",
             "",
+            "",
             f"{d['errors']}",
         ]
     ]
@@ -151,6 +162,7 @@ def proxy(doc: dict[str, Any]) -> list[str]:
                 f"+{a['p50_ms']:.3f}",
                 f"+{a['p99_ms']:.3f}",
                 f"+{a['paired_median_ms']:.3f}",
+                f"+{a['paired_p99_ms']:.3f}" if "paired_p99_ms" in a else "n/a",
                 f"{t['errors']}",
             ]
         )
@@ -162,6 +174,7 @@ def proxy(doc: dict[str, Any]) -> list[str]:
             "added p50 ms",
             "added p99 ms",
             "added, paired median ms",
+            "added, paired p99 ms",
             "errors",
         ],
         rows,
@@ -176,7 +189,10 @@ def proxy(doc: dict[str, Any]) -> list[str]:
         f"{_x(doc['relmon_added']['p99_ratio_to_direct'])}; nginx p50 "
         f"{_x(doc['nginx_added']['p50_ratio_to_direct'])}, p99 "
         f"{_x(doc['nginx_added']['p99_ratio_to_direct'])}. The load generator's own "
-        f"scheduling lag (p99 {doc['scheduler_lag_p99_ms']:.2f} ms) is in every figure alike.",
+        f"scheduling lag (p99 {doc['scheduler_lag_p99_ms']:.2f} ms) is in every figure alike. "
+        "*Paired*: the difference to the direct call of the same triple (started within "
+        "a few milliseconds of each other), which cancels the stalls the machine puts on "
+        "all three: the steadiest figures here.",
         "",
         "Reproduce: `.venv/bin/python bench/proxy_latency_bench.py`",
         "",

@@ -72,6 +72,7 @@ def test_mirror_bench(quick: tuple[Path, dict[str, str | None]]) -> None:
         for target in ("bare", "relmon"):
             assert positive(s[target]["requests_per_s"])
             assert s[target]["p50_ms"] <= s[target]["p99_ms"]
+            assert s[target]["p99_ms_min"] <= s[target]["p99_ms"] <= s[target]["p99_ms_max"]
         assert s["relmon"]["errors"] == 0
         assert positive(s["ratio"]["requests_per_s"]) and positive(s["ratio"]["p99"])
     counted = doc["relmon_events_counted"]
@@ -90,6 +91,7 @@ def test_proxy_bench_against_direct_and_nginx(quick: tuple[Path, dict[str, str |
         added = doc[f"{target}_added"]
         assert added["p99_ms"] == pytest.approx(doc[target]["p99_ms"] - doc["direct"]["p99_ms"])
         assert positive(added["p99_ratio_to_direct"])
+        assert added["paired_median_ms"] <= added["paired_p99_ms"]
     assert positive(doc["relmon_vs_nginx"]["p99_ratio"])
 
 

@@ -146,9 +146,12 @@ class Running:
     sources: list[Any] = field(default_factory=list)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    started: bool = False
+    """Every listener and source is up (the metrics port answers before the others)."""
 
     def not_ready(self) -> list[str]:
-        reasons = [] if self.service.loaded else ["calibration windows not loaded"]
+        reasons = [] if self.started else ["starting: not every listener is up yet"]
+        reasons += [] if self.service.loaded else ["calibration windows not loaded"]
         reasons += [
             f"Kafka broker not reachable ({type(s).__name__}, topic {s.topic})"
             if hasattr(s, "topic")
@@ -332,6 +335,7 @@ async def start_service(settings: Settings, *, review_token: str | None = None) 
         traffic=settings.traffic.mode,
         kafka=settings.kafka.enabled,
     )
+    running.started = True
     return running
 
 

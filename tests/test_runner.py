@@ -106,3 +106,56 @@ async def test_close_releases_everything_even_when_not_drained(tmp_path) -> None
     finally:
         release.set()
         await runner.cleanup()
+
+
+async def test_not_ready_until_every_listener_is_up(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    """/readyz answers before the traffic port listens (the metrics server starts
+    first): it must say 503 until start_service has started everything."""
+    import asyncio
+
+    import aiohttp
+
+    from adapters.http_traffic import TrafficServer
+    from monitor.config import load_settings
+    from monitor.runner import start_service
+    from tests.security import free_port
+
+    gate = asyncio.Event()
+    real_start = TrafficServer.start
+
+    async def held_start(self: TrafficServer) -> None:
+        await gate.wait()
+        await real_start(self)
+
+    monkeypatch.setattr(TrafficServer, "start", held_start)
+    metrics_port = free_port()
+    settings = load_settings(
+        None,
+        tasks=[{"name": "a", "endpoint": {"model": "m"}}],
+        metrics={"port": metrics_port},
+        review={"port": 0, "token": "abcdefgh"},
+        traffic={"port": 0},
+        state_dir=tmp_path,
+    )
+    starting = asyncio.create_task(start_service(settings))
+    url = f"http://127.0.0.1:{metrics_port}/readyz"
+    async with aiohttp.ClientSession() as session:
+        for _ in range(600):  # the metrics port comes up while the traffic port waits
+            try:
+                async with session.get(url) as resp:
+                    status, body = resp.status, await resp.json()
+                break
+            except aiohttp.ClientConnectionError:
+                await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("the metrics port never answered")
+        assert status == 503 and any("starting" in r for r in body["reasons"])
+        gate.set()
+        running = await starting
+        try:
+            async with session.get(url) as resp:
+                assert resp.status == 200
+        finally:
+            await running.close(1)

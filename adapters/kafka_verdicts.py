@@ -157,7 +157,9 @@ class KafkaVerdictConsumer:
     async def run(self) -> None:
         """Follow the topics until :meth:`stop`; raises :class:`KafkaUnavailableError`."""
         consumer = self._consumer
-        if consumer is None or self._closed:
+        if self._stopping.is_set():
+            return  # stopped before it ran
+        if consumer is None:
             raise RuntimeError("KafkaVerdictConsumer is not started")
         loop = asyncio.get_running_loop()
         self._run_exited.clear()

@@ -22,14 +22,23 @@ the same verdict once; the ``relmon-source-*`` headers tell the copies apart.
 
 Verdicts should be keyed by item id so that every verdict of an item lands in one
 partition: "the first verdict wins" then means the same thing live and on replay.
+
+The calibration window's order is the verdict's place in the verdict log,
+``(timestamp, partition, offset)``: the verdict consumer hands it over with each verdict
+(:attr:`monitor.review.Verdict.position`) and the replay computes the same key, so the
+window holds the same verdicts live and after a restart, however the partitions were
+interleaved and however long a verdict waited for its item.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
+import time
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import structlog
@@ -46,6 +55,7 @@ __all__ = [
     "KafkaCalibrationStore",
     "KafkaReviewQueue",
     "durable_producer",
+    "log_position",
     "review_item_of",
 ]
 
@@ -139,6 +149,8 @@ class KafkaCalibrationStore:
         self._replay_timeout_s = replay_timeout_s
         self._items: dict[str, ReviewItem] = {}
         self._verdicted: set[str] = set()
+        self._records: dict[str, CalibrationRecord] = {}
+        self._unlogged = itertools.count()
         self._dead_lettered: set[tuple[int, int]] = set()
         self.positions: dict[TopicPartition, int] = {}
         """Where the replay stopped, per partition: the verdict consumer goes on from there."""
@@ -156,7 +168,8 @@ class KafkaCalibrationStore:
         return out if self.dead_letter_topic is None else [*out, self.dead_letter_topic]
 
     async def load_records(self) -> list[CalibrationRecord]:
-        """Every scored verdict in the topics, in verdict order (oldest first)."""
+        """Every scored verdict in the topics, in verdict-log order: ``order`` is the
+        verdict's ``(timestamp, partition, offset)`` (see :func:`log_position`)."""
         logs, self.positions = await self._replay(self.topics)
         items: dict[str, ReviewItem] = {}
         for record in _in_order(logs, self.review_topic):
@@ -175,7 +188,7 @@ class KafkaCalibrationStore:
                 self.dead_lettered_verdicts += 1
                 continue
             try:
-                verdict = parse_verdict(record.value)
+                verdict = replace(parse_verdict(record.value), position=log_position(record))
             except InputError as exc:
                 self.invalid_records += 1
                 self.unreadable.append((record, str(exc)))
@@ -203,16 +216,17 @@ class KafkaCalibrationStore:
                 self.invalid_records += 1
                 continue
             verdicted.add(verdict.item_id)
-            out.append(
-                CalibrationRecord(
-                    model=item.model,
-                    task=item.task,
-                    item_id=item.item_id,
-                    score=self._score(item, verdict),
-                    inclusion_probability=item.inclusion_probability,
-                    sampled_at=item.sampled_at,
-                )
+            scored = CalibrationRecord(
+                model=item.model,
+                task=item.task,
+                item_id=item.item_id,
+                score=self._score(item, verdict),
+                inclusion_probability=item.inclusion_probability,
+                sampled_at=item.sampled_at,
+                order=log_position(record),
             )
+            self._records.setdefault(item.item_id, scored)
+            out.append(scored)
         for item_id, item in self._items.items():
             items.setdefault(item_id, item)
         self._items = items
@@ -249,12 +263,28 @@ class KafkaCalibrationStore:
     async def get_review_item(self, item_id: str) -> ReviewItem | None:
         return self._items.get(item_id)
 
-    async def save_record(self, record: CalibrationRecord, verdict: Verdict) -> bool:
-        """False if the item already had a verdict (the verdict topic is the durable copy)."""
+    async def save_record(
+        self, record: CalibrationRecord, verdict: Verdict
+    ) -> tuple[int, ...] | None:
+        """None if the item already had a verdict (the verdict topic is the durable copy).
+
+        The order key is the verdict's :attr:`~monitor.review.Verdict.position` in the
+        verdict log, what the replay computes. A verdict that did not come from the log
+        (no position) is ordered by the time now, after the log's verdicts of the same
+        millisecond; it is not replayed at a restart.
+        """
         if record.item_id in self._verdicted:
-            return False
+            return None
         self._verdicted.add(record.item_id)
-        return True
+        order = verdict.position
+        if order is None:
+            order = (int(time.time() * 1000), 1 << 31, next(self._unlogged))
+        self._records[record.item_id] = replace(record, order=order)
+        return order
+
+    async def get_record(self, item_id: str) -> CalibrationRecord | None:
+        """The scored verdict of ``item_id`` (replayed or saved since), if any."""
+        return self._records.get(item_id)
 
     def pending_item_ids(self) -> set[str]:
         """Items known from the review topic or saved since, still without a verdict."""
@@ -283,6 +313,7 @@ class KafkaCalibrationStore:
     async def aclose(self) -> None:
         self._items.clear()
         self._verdicted.clear()
+        self._records.clear()
 
     async def _replay(
         self, topics: Sequence[str]
@@ -369,8 +400,14 @@ async def _read_to_end(
     return out, {tp: await consumer.position(tp) for tp in tps}
 
 
+def log_position(record: Any) -> tuple[int, int, int]:
+    """A record's place in its topic, ``(timestamp, partition, offset)``: the order key
+    of a verdict in the calibration window."""
+    return (int(record.timestamp), int(record.partition), int(record.offset))
+
+
 def _in_order(logs: Mapping[Any, Collection[Any]], topic: str) -> list[Any]:
     """The topic's records by timestamp, then partition and offset (stable on replay)."""
     records = [r for tp, rs in logs.items() if tp.topic == topic for r in rs]
-    records.sort(key=lambda r: (r.timestamp, r.partition, r.offset))
+    records.sort(key=log_position)
     return records

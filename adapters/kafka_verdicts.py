@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import structlog
@@ -22,6 +22,7 @@ from adapters.kafka_review import (
     TOO_DEEP,
     KafkaCalibrationStore,
     KafkaReviewQueue,
+    log_position,
     review_item_of,
 )
 from adapters.kafka_source import (
@@ -263,7 +264,8 @@ class KafkaVerdictConsumer:
         if record.topic != store.verdict_topic or store.is_dead_lettered(record):
             return
         try:
-            verdict = parse_verdict(record.value)
+            # Its place in the log is its order in the calibration window (as on replay).
+            verdict = replace(parse_verdict(record.value), position=log_position(record))
         except InputError as exc:
             await self._dead_letter(record, str(exc), "invalid")
             return

@@ -13,11 +13,18 @@ Schema (version :data:`SCHEMA_VERSION`)::
     records(item_id TEXT PRIMARY KEY, model, task,
             score REAL  -- the rank score; NULL means +inf (no accepted candidate)
             inclusion_probability REAL, sampled_at REAL, verdict TEXT (Verdict JSON),
-            applied_at REAL)
+            applied_at REAL,
+            seq INTEGER UNIQUE  -- the order verdicts were applied in: 1, 2, 3, ...)
     leases(item_id TEXT PRIMARY KEY, holder TEXT, expires REAL)
     held_verdicts(item_id TEXT PRIMARY KEY, verdict TEXT (Verdict JSON), held_at REAL,
                   due REAL, claimed INTEGER (1 once the flusher has taken it))
     schema_version(version INTEGER)
+
+``seq`` is the one order of the calibration window: a verdict's number, given in the
+transaction that saves it; the windows hold the verdicts with the highest numbers, live
+and when :meth:`load_records` rebuilds them at a restart. (Schema 1 had no ``seq``: opening
+such a file numbers its verdicts in the order schema 1 reloaded them, ``sampled_at``
+then insertion, and moves it to schema 2.)
 
 Leases (:meth:`lease_next`) keep two reviewers from being handed the same item at the
 same time: an item leased to another holder and not yet expired is skipped. Held
@@ -55,7 +62,7 @@ from monitor.review import ReviewItem, Verdict
 
 __all__ = ["SCHEMA_VERSION", "ExportedVerdict", "SqliteStore", "StoreError"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 _T = TypeVar("_T")
 
 _SCHEMA = """
@@ -78,9 +85,11 @@ CREATE TABLE IF NOT EXISTS records (
     inclusion_probability REAL NOT NULL,
     sampled_at REAL NOT NULL,
     verdict TEXT NOT NULL,
-    applied_at REAL NOT NULL
+    applied_at REAL NOT NULL,
+    seq INTEGER
 );
 CREATE INDEX IF NOT EXISTS records_by_age ON records (sampled_at);
+CREATE UNIQUE INDEX IF NOT EXISTS records_by_seq ON records (seq);
 CREATE TABLE IF NOT EXISTS leases (
     item_id TEXT PRIMARY KEY,
     holder TEXT NOT NULL,
@@ -138,6 +147,38 @@ class ExportedVerdict:
     applied_at: float
 
 
+def _number_schema_1_records(conn: sqlite3.Connection) -> None:
+    """Give a schema-1 file's verdicts their ``seq``, in the order schema 1 reloaded them."""
+    columns = {str(row[1]) for row in conn.execute("PRAGMA table_info(records)")}
+    if not columns or "seq" in columns:
+        return  # a new file, or already numbered
+    conn.execute("ALTER TABLE records ADD COLUMN seq INTEGER")
+    conn.execute(
+        "UPDATE records SET seq = (SELECT n FROM (SELECT item_id AS id, row_number() OVER "
+        "(ORDER BY sampled_at, rowid) AS n FROM records) WHERE id = records.item_id)"
+    )
+
+
+def _record(row: Sequence[Any]) -> CalibrationRecord:
+    model, task, item_id, score, prob, sampled_at, seq = row
+    return CalibrationRecord(
+        model=str(model),
+        task=str(task),
+        item_id=str(item_id),
+        score=math.inf if score is None else float(score),
+        inclusion_probability=float(prob),
+        sampled_at=float(sampled_at),
+        order=(int(seq),),
+    )
+
+
+_RECORD_COLUMNS = "model, task, item_id, score, inclusion_probability, sampled_at, seq"
+
+
+def _next_seq(conn: sqlite3.Connection) -> int:
+    return int(conn.execute("SELECT coalesce(max(seq), 0) + 1 FROM records").fetchone()[0])
+
+
 def _pending_filter(task: str | None) -> tuple[str, tuple[Any, ...]]:
     return ("", ()) if task is None else (" AND ri.task = ?", (task,))
 
@@ -182,11 +223,14 @@ class SqliteStore:
                     f"the calibration store {self._path} has schema {found}, "
                     f"newer than this relmon's {SCHEMA_VERSION}"
                 )
+            _number_schema_1_records(conn)
             for statement in _SCHEMA.split(";"):
                 if statement.strip():
                     conn.execute(statement)
             if found is None:
                 conn.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
+            elif int(found) < SCHEMA_VERSION:
+                conn.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION,))
             conn.execute("COMMIT")
         except BaseException:
             conn.close()
@@ -318,9 +362,12 @@ class SqliteStore:
 
         return await self._run(get)
 
-    async def save_record(self, record: CalibrationRecord, verdict: Verdict) -> bool:
-        """Persist a scored verdict; ``False`` if the item already had one (idempotent).
+    async def save_record(
+        self, record: CalibrationRecord, verdict: Verdict
+    ) -> tuple[int, ...] | None:
+        """Persist a scored verdict; ``None`` if the item already had one (idempotent).
 
+        Returns ``(seq,)``, the verdict's number in the order verdicts were applied.
         ``record.score`` is a rank (>= 1) or ``+inf``; ``+inf`` is stored as NULL.
         """
         if verdict.item_id != record.item_id:
@@ -329,11 +376,12 @@ class SqliteStore:
         verdict_json = json.dumps(verdict.to_json(), separators=(",", ":"))
         applied_at = self._clock.time()
 
-        def insert(conn: sqlite3.Connection) -> bool:
+        def insert(conn: sqlite3.Connection) -> tuple[int, ...] | None:
+            seq = _next_seq(conn)
             cur = conn.execute(
                 "INSERT OR IGNORE INTO records (item_id, model, task, score, "
-                "inclusion_probability, sampled_at, verdict, applied_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                "inclusion_probability, sampled_at, verdict, applied_at, seq) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     record.item_id,
                     record.model,
@@ -343,12 +391,13 @@ class SqliteStore:
                     record.sampled_at,
                     verdict_json,
                     applied_at,
+                    seq,
                 ),
             )
             if cur.rowcount == 0:
-                return False
+                return None
             conn.execute("UPDATE review_items SET pending = 0 WHERE item_id = ?", (record.item_id,))
-            return True
+            return (seq,)
 
         return await self._run(lambda: self._write(insert))
 
@@ -366,31 +415,31 @@ class SqliteStore:
         text = await self._run(get)
         return None if text is None else _verdict_from_json(text)
 
+    async def get_record(self, item_id: str) -> CalibrationRecord | None:
+        """The scored verdict stored for ``item_id``, if any."""
+
+        def get() -> tuple[Any, ...] | None:
+            row: tuple[Any, ...] | None = (
+                self._connection()
+                .execute(f"SELECT {_RECORD_COLUMNS} FROM records WHERE item_id = ?", (item_id,))
+                .fetchone()
+            )
+            return row
+
+        row = await self._run(get)
+        return None if row is None else _record(row)
+
     async def load_records(self) -> Sequence[CalibrationRecord]:
-        """Every scored verdict, oldest ``sampled_at`` first (ties in insertion order)."""
+        """Every scored verdict in the order they were applied (``seq``)."""
 
         def get() -> list[tuple[Any, ...]]:
             return (
                 self._connection()
-                .execute(
-                    "SELECT model, task, item_id, score, inclusion_probability, sampled_at "
-                    "FROM records ORDER BY sampled_at, rowid"
-                )
+                .execute(f"SELECT {_RECORD_COLUMNS} FROM records ORDER BY seq")
                 .fetchall()
             )
 
-        rows = await self._run(get)
-        return [
-            CalibrationRecord(
-                model=str(model),
-                task=str(task),
-                item_id=str(item_id),
-                score=math.inf if score is None else float(score),
-                inclusion_probability=float(prob),
-                sampled_at=float(sampled_at),
-            )
-            for model, task, item_id, score, prob, sampled_at in rows
-        ]
+        return [_record(row) for row in await self._run(get)]
 
     # -- leases, held verdicts, progress (the review page) --------------------------------
 
@@ -565,7 +614,7 @@ class SqliteStore:
 
     async def export_verdicts(self) -> list[ExportedVerdict]:
         """Every applied verdict with its review item, in the order the windows load them
-        (``sampled_at``, then insertion)."""
+        (``seq``, the order they were applied in)."""
 
         def get() -> list[tuple[Any, ...]]:
             return (
@@ -574,7 +623,7 @@ class SqliteStore:
                     "SELECT ri.body, r.verdict, r.score, r.applied_at, r.model, r.task, "
                     "r.inclusion_probability, r.sampled_at FROM records r "
                     "JOIN review_items ri ON ri.item_id = r.item_id "
-                    "ORDER BY r.sampled_at, r.rowid"
+                    "ORDER BY r.seq"
                 )
                 .fetchall()
             )
@@ -605,7 +654,8 @@ class SqliteStore:
 
     async def import_verdicts(self, rows: Sequence[ExportedVerdict]) -> tuple[int, int]:
         """Store exported verdicts with their items in one transaction; returns
-        ``(imported, already present)``. An item that already has a verdict keeps it."""
+        ``(imported, already present)``. An item that already has a verdict keeps it.
+        Imported verdicts are numbered after those present, in the order of ``rows``."""
         prepared = []
         for row in rows:
             if row.verdict.item_id != row.item.item_id:
@@ -625,8 +675,8 @@ class SqliteStore:
                 item = row.item
                 cur = conn.execute(
                     "INSERT OR IGNORE INTO records (item_id, model, task, score, "
-                    "inclusion_probability, sampled_at, verdict, applied_at) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    "inclusion_probability, sampled_at, verdict, applied_at, seq) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         item.item_id,
                         item.model,
@@ -636,6 +686,7 @@ class SqliteStore:
                         item.sampled_at,
                         verdict,
                         row.applied_at,
+                        _next_seq(conn),
                     ),
                 )
                 if cur.rowcount == 0:

@@ -117,6 +117,9 @@ class CalibrationRecord:
     score: float
     inclusion_probability: float
     sampled_at: float
+    order: tuple[int, ...] = ()
+    """The verdict's persisted order key (see :meth:`CalibrationStore.save_record`);
+    ``()`` before it is saved."""
 
 
 class CalibrationStore(Protocol):
@@ -126,12 +129,22 @@ class CalibrationStore(Protocol):
 
     async def get_review_item(self, item_id: str) -> ReviewItem | None: ...
 
-    async def save_record(self, record: CalibrationRecord, verdict: Verdict) -> bool:
-        """Persist a scored verdict; False if this item already had one (idempotent)."""
+    async def save_record(
+        self, record: CalibrationRecord, verdict: Verdict
+    ) -> tuple[int, ...] | None:
+        """Persist a scored verdict; None if this item already had one (idempotent).
+
+        Returns the verdict's order key, persisted with it: the windows hold the
+        verdicts latest in this order, live and when :meth:`load_records` rebuilds them.
+        """
+        ...
+
+    async def get_record(self, item_id: str) -> CalibrationRecord | None:
+        """The scored verdict stored for ``item_id`` (with its order key), if any."""
         ...
 
     async def load_records(self) -> Sequence[CalibrationRecord]:
-        """Every scored verdict, oldest first, to rebuild the windows at start."""
+        """Every scored verdict with its order key, in that order, to rebuild the windows."""
         ...
 
     async def aclose(self) -> None: ...

@@ -129,6 +129,9 @@ class Verdict:
     correct_answer: str | None = None
     reviewer: str = "unknown"
     extra: dict[str, Any] = field(default_factory=dict)
+    position: tuple[int, ...] | None = None
+    """Where a durable log holds this verdict (Kafka: timestamp, partition, offset): its
+    order key in the calibration window. Not part of the verdict's JSON."""
 
     def to_json(self) -> dict[str, Any]:
         return {

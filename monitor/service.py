@@ -247,7 +247,9 @@ class MonitorService:
             if task is None:
                 continue  # a task no longer configured
             state = self._state(r.model, task)
-            added = state.window.add(r.item_id, r.score, r.inclusion_probability, r.sampled_at)
+            added = state.window.add(
+                r.item_id, r.score, r.inclusion_probability, r.sampled_at, order=r.order or None
+            )
             loaded += added
             if added:
                 self._update_alarm(state, r.score, r.inclusion_probability)
@@ -560,10 +562,15 @@ class MonitorService:
             sampled_at=item.sampled_at,
         )
         state = self._state(item.model, task)
-        if not await self.store.save_record(record, verdict) or item.item_id in state.window:
+        order = await self.store.save_record(record, verdict)
+        if order is None or item.item_id in state.window:
+            # The item keeps its first verdict: answer with the score that one gave.
+            stored = await self.store.get_record(item.item_id)
             self.metrics.reviews.labels(item.model, item.task, "duplicate").inc()
-            return VerdictOutcome("duplicate", score=score)
-        state.window.add(item.item_id, score, item.inclusion_probability, item.sampled_at)
+            return VerdictOutcome("duplicate", score=score if stored is None else stored.score)
+        state.window.add(
+            item.item_id, score, item.inclusion_probability, item.sampled_at, order=order
+        )
         state.pending_reviews = max(0, state.pending_reviews - 1)
         self.metrics.reviews.labels(
             item.model, item.task, "none" if verdict.none_of_these else "accepted"

@@ -7,6 +7,7 @@ tests/model; these stand-ins only serve tests of the service's own logic.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from monitor.errors import ModelCallError
@@ -71,11 +72,18 @@ class InMemoryStore:
     async def get_review_item(self, item_id: str) -> ReviewItem | None:
         return self.items.get(item_id)
 
-    async def save_record(self, record: CalibrationRecord, verdict: Verdict) -> bool:
+    async def save_record(
+        self, record: CalibrationRecord, verdict: Verdict
+    ) -> tuple[int, ...] | None:
         if record.item_id in self.records:
-            return False
-        self.records[record.item_id] = (record, verdict)
-        return True
+            return None
+        order = (len(self.records) + 1,)
+        self.records[record.item_id] = (replace(record, order=order), verdict)
+        return order
+
+    async def get_record(self, item_id: str) -> CalibrationRecord | None:
+        found = self.records.get(item_id)
+        return None if found is None else found[0]
 
     async def load_records(self) -> Sequence[CalibrationRecord]:
         return [r for r, _ in self.records.values()]

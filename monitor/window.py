@@ -5,29 +5,54 @@ half-life h on the item's sampling time t_i, and the inverse of its review proba
 pi_i (DESIGN §2). Thresholds and the reliability level are the weighted conformal forms
 with the test mass w* = 1/pi_min at +inf (the largest weight a test point can carry).
 
-Incremental: scores are few distinct values (ranks 1..K_max and +inf), so the window
-keeps, per score value, the sum of *stored* weights 2^((t_i - t_ref)/h) / pi_i. Every
-weight shares the factor 2^(-(now - t_ref)/h), so a snapshot costs O(distinct scores),
-and adding a verdict O(1). Evicting the oldest item (window size) subtracts its stored
-weight; the sums are recomputed exactly every ``max_items`` evictions to bound float
-drift, and t_ref is moved forward when the stored weights grow large.
+**One order.** Every verdict carries an ``order`` key, persisted by the store with the
+verdict (the SQLite store's sequence number, the verdict's position in the Kafka
+log). The window holds the ``max_items`` verdicts with the *largest* keys, whatever
+order they are added in: the live window and the window rebuilt at a restart hold the
+same items.
 
-The same records in the same order give the same snapshot at the same ``now``: a
-restart that reloads the records restores the thresholds exactly.
+**Exact, path-independent sums.** Scores are few distinct values (ranks 1..K_max and
++inf), so the window keeps, per score value, the sum of *stored* weights
+2^((t_i - t_ref)/h) / pi_i. Every weight shares the factor 2^(-(now - t_ref)/h), so a
+snapshot costs O(distinct scores) and adding a verdict O(log n). The sums are kept in
+exact fixed point (every float is an integer multiple of 2^-1074), and ``t_ref`` is a
+function of the items held (their latest sampling time rounded down to a multiple of
+:data:`_REBASE_HALF_LIVES` half-lives): the state, and so every snapshot, depends only
+on *which* items are held and ``now`` — never on the order they were added, evicted or
+reloaded in. A restart restores exactly the same thresholds.
+
+**Consistent at every moment.** Level, lower bound and effective size come from the
+same weights at the same ``now``, the test point's w* included: n_eff is Kish's
+effective size of those weights less the test point, (Σw + w*)²/(Σw² + w*²) − 1
+(n with equal weights), and the bound is Clopper–Pearson on that weighted sample
+(n_eff + 1 items, the test point counted as a miss as the level counts it, so
+successes = level × (n_eff + 1)). After a long pause without verdicts the items' weights
+fade against w*: the level, n_eff and the bound all fall towards 0 together.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
-from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from monitor.conformal import reliability_lower_bound
+from monitor.conformal import effective_size_from_sums, reliability_lower_bound
 
-__all__ = ["CalibrationWindow", "WindowSnapshot"]
+__all__ = ["CalibrationWindow", "OrderKey", "WindowSnapshot"]
 
-_REBASE_EXPONENT = 512.0  # rebase t_ref before 2^x approaches float overflow (2^1024)
+OrderKey = tuple[int, ...]
+"""A verdict's persisted position in the window order (compared as a tuple)."""
+
+_REBASE_HALF_LIVES = 64.0  # stored weights stay below 2^64 / pi
+_FIXED_BITS = 1100  # every finite float is an integer multiple of 2^-1074
+_ONE = 1 << _FIXED_BITS
+
+
+def _fixed(x: float) -> int:
+    """``x`` (finite, >= 0) exactly, in units of 2^-_FIXED_BITS."""
+    num, den = x.as_integer_ratio()  # den is a power of two <= 2^1074
+    return num * (_ONE // den)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,17 +68,18 @@ class WindowSnapshot:
         return 1.0 - self.reliability_level
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Entry:
     item_id: str
     score: float
-    stored: float  # 2^((t - t_ref)/h) / pi at insertion
     t: float
     pi: float
+    key: OrderKey
+    stored: int = 0  # fixed point: 2^((t - t_ref)/h) / pi
 
 
 class CalibrationWindow:
-    """Weighted calibration over the most recent ``max_items`` scored verdicts."""
+    """Weighted calibration over the ``max_items`` scored verdicts latest in order."""
 
     def __init__(
         self,
@@ -78,70 +104,108 @@ class CalibrationWindow:
         self.half_life_s = half_life_s
         self.test_weight = 1.0 / min_inclusion_probability
         self.delta = lower_bound_delta
-        self._entries: deque[_Entry] = deque()
-        self._ids: set[str] = set()
-        self._mass: dict[float, float] = {}
-        self._sum_sq = 0.0
-        self._t_ref: float | None = None
-        self._evictions = 0
+        self._entries: dict[str, _Entry] = {}
+        self._heap: list[tuple[OrderKey, str]] = []  # min-heap on the order key
+        self._mass: dict[float, int] = {}
+        self._sum_sq = 0  # fixed point squared: units of 2^-(2 * _FIXED_BITS)
+        self._t_ref = 0.0
+        self._t_max = -math.inf
+        self._arrivals = 0
 
     def __len__(self) -> int:
         return len(self._entries)
 
     def __contains__(self, item_id: object) -> bool:
-        return item_id in self._ids
+        return item_id in self._entries
 
-    def _stored(self, t: float, pi: float) -> float:
+    # ----------------------------------------------------------------- internals
+
+    def _reference(self, t_max: float) -> float:
+        if self.half_life_s is None or not math.isfinite(t_max):
+            return 0.0
+        span = _REBASE_HALF_LIVES * self.half_life_s
+        return math.floor(t_max / span) * span
+
+    def _stored(self, t: float, pi: float) -> int:
         if self.half_life_s is None:
-            return 1.0 / pi
-        assert self._t_ref is not None
-        return float(2.0 ** ((t - self._t_ref) / self.half_life_s)) / pi
+            return _fixed(1.0 / pi)
+        return _fixed(float(2.0 ** ((t - self._t_ref) / self.half_life_s)) / pi)
 
-    def _recompute(self) -> None:
-        self._mass = {}
-        self._sum_sq = 0.0
-        fresh: deque[_Entry] = deque()
-        for e in self._entries:
-            stored = self._stored(e.t, e.pi)
-            fresh.append(_Entry(e.item_id, e.score, stored, e.t, e.pi))
-            self._mass[e.score] = self._mass.get(e.score, 0.0) + stored
-            self._sum_sq += stored * stored
-        self._entries = fresh
+    def _account(self, e: _Entry, sign: int) -> None:
+        self._mass[e.score] = self._mass.get(e.score, 0) + sign * e.stored
+        if self._mass[e.score] == 0:
+            del self._mass[e.score]
+        self._sum_sq += sign * e.stored * e.stored
 
-    def add(self, item_id: str, score: float, inclusion_probability: float, t: float) -> bool:
-        """Add a scored verdict; False (and nothing changes) if ``item_id`` is present."""
-        if item_id in self._ids:
+    def _retarget(self, t_max: float) -> None:
+        """Move to the reference time of ``t_max``; recompute every stored weight."""
+        self._t_max = t_max
+        t_ref = self._reference(t_max)
+        if t_ref == self._t_ref:
+            return
+        self._t_ref = t_ref
+        self._mass, self._sum_sq = {}, 0
+        for e in self._entries.values():
+            e.stored = self._stored(e.t, e.pi)
+            self._account(e, +1)
+
+    # -------------------------------------------------------------------- public
+
+    def add(
+        self,
+        item_id: str,
+        score: float,
+        inclusion_probability: float,
+        t: float,
+        *,
+        order: OrderKey | None = None,
+    ) -> bool:
+        """Add a scored verdict; False (and nothing changes) if ``item_id`` is held.
+
+        ``order`` is the verdict's persisted order key (default: after everything added
+        so far). A verdict earlier in order than every item of a full window is not
+        held (it would be the one evicted): True, and nothing changes.
+        """
+        if item_id in self._entries:
             return False
         if math.isnan(score) or score < 1:
             raise ValueError(f"a rank score is >= 1 or inf, got {score}")
         if not 0.0 < inclusion_probability <= 1.0:
             raise ValueError("inclusion_probability must be in (0, 1]")
-        if self._t_ref is None:
-            self._t_ref = t
-        elif (
-            self.half_life_s is not None and (t - self._t_ref) / self.half_life_s > _REBASE_EXPONENT
-        ):
-            self._t_ref = t
-            self._recompute()
-        stored = self._stored(t, inclusion_probability)
-        self._entries.append(_Entry(item_id, score, stored, t, inclusion_probability))
-        self._ids.add(item_id)
-        self._mass[score] = self._mass.get(score, 0.0) + stored
-        self._sum_sq += stored * stored
+        if not math.isfinite(t):
+            raise ValueError(f"a sampling time is finite, got {t}")
+        self._arrivals += 1
+        key: OrderKey = order if order is not None else (self._arrivals,)
+        if len(self._entries) >= self.max_items and (key, item_id) < self._heap[0]:
+            return True
+        if t > self._t_max:
+            self._retarget(t)
+        entry = _Entry(item_id, score, t, inclusion_probability, key)
+        self._entries[item_id] = entry
+        heapq.heappush(self._heap, (key, item_id))
+        entry.stored = self._stored(t, inclusion_probability)
+        self._account(entry, +1)
         while len(self._entries) > self.max_items:
-            old = self._entries.popleft()
-            self._ids.discard(old.item_id)
-            self._mass[old.score] -= old.stored
-            self._sum_sq -= old.stored * old.stored
-            self._evictions += 1
-            if self._evictions >= self.max_items:
-                self._evictions = 0
-                self._recompute()
+            _, old_id = heapq.heappop(self._heap)
+            old = self._entries.pop(old_id)
+            self._account(old, -1)
+            if old.t == self._t_max:
+                self._retarget(max(e.t for e in self._entries.values()))
         return True
 
     def extend(self, records: Iterable[tuple[str, float, float, float]]) -> int:
-        """Add many (item_id, score, pi, t); returns how many were new."""
+        """Add many (item_id, score, pi, t) in order; returns how many were new."""
         return sum(self.add(*r) for r in records)
+
+    def _scale(self, now: float) -> tuple[list[float], list[float], float, float]:
+        """Score values held, their masses and Σw (stored units), and w* in stored units."""
+        values = sorted(self._mass)
+        masses = [self._mass[v] / _ONE for v in values]
+        total = sum(self._mass.values()) / _ONE
+        if self.half_life_s is None or not self._entries:
+            return values, masses, total, self.test_weight
+        f = 2.0 ** (-(now - self._t_ref) / self.half_life_s)
+        return values, masses, total, (self.test_weight / f if f > 0 else math.inf)
 
     def threshold_at(self, alpha: float, now: float) -> float:
         """M* at any ``alpha`` (the adaptive alpha_t of ACI may leave (0, 1)).
@@ -152,54 +216,38 @@ class CalibrationWindow:
             return math.inf
         if alpha >= 1.0:
             return 0.0
-        if self.half_life_s is None or self._t_ref is None:
-            f = 1.0
-        else:
-            f = 2.0 ** (-(now - self._t_ref) / self.half_life_s)
-        values = sorted(v for v, m in self._mass.items() if m > 0)
-        denominator = sum(self._mass[v] for v in values) + (
-            self.test_weight / f if f > 0 else math.inf
-        )
-        cumulative = 0.0
-        for v in values:
-            cumulative += self._mass[v]
-            if cumulative / denominator >= 1.0 - alpha - 1e-10:
-                return v
-        return math.inf
+        values, masses, total, test = self._scale(now)
+        return _quantile(values, masses, total + test, 1.0 - alpha)
 
     def snapshot(self, now: float) -> WindowSnapshot:
         """Thresholds, reliability level, bound and n_eff as of ``now``."""
-        n = len(self._entries)
-        # Current weights are stored weights times f; test weight w* becomes w*/f in
-        # stored units, so no per-item work is needed.
-        if self.half_life_s is None or self._t_ref is None:
-            f = 1.0
-        else:
-            f = 2.0 ** (-(now - self._t_ref) / self.half_life_s)
-        values = sorted(v for v, m in self._mass.items() if m > 0)
-        masses = [max(self._mass[v], 0.0) for v in values]
-        total_stored = sum(masses)
-        test_stored = self.test_weight / f if f > 0 else math.inf
-        denominator = total_stored + test_stored
-        thresholds: dict[float, float] = {}
-        for alpha in self.alphas:
-            target = 1.0 - alpha
-            cumulative, found = 0.0, math.inf
-            for v, m in zip(values, masses, strict=True):
-                cumulative += m
-                if cumulative / denominator >= target - 1e-10:
-                    found = v
-                    break
-            thresholds[alpha] = found
+        values, masses, total, test = self._scale(now)
+        denominator = total + test
+        thresholds = {a: _quantile(values, masses, denominator, 1.0 - a) for a in self.alphas}
         good = sum(m for v, m in zip(values, masses, strict=True) if v <= 1.0)
-        level = good / denominator if denominator > 0 and math.isfinite(denominator) else 0.0
-        n_eff = total_stored**2 / self._sum_sq if self._sum_sq > 0 else 0.0
-        rate = good / total_stored if total_stored > 0 else 0.0
-        bound = reliability_lower_bound(rate * n_eff, n_eff, self.delta) if n_eff > 0 else 0.0
+        level = good / denominator if math.isfinite(denominator) and denominator > 0 else 0.0
+        n_eff = effective_size_from_sums(total, self._sum_sq / (_ONE * _ONE), test)
+        if total <= 0:
+            n_eff = 0.0
+        # The weighted sample the level comes from: n_eff items and the test point, the
+        # test point counted as a miss as the level counts it.
+        bound = reliability_lower_bound(min(level * (n_eff + 1), n_eff + 1), n_eff + 1, self.delta)
         return WindowSnapshot(
-            n=n,
+            n=len(self._entries),
             n_eff=n_eff,
             reliability_level=level,
             reliability_lower_bound=bound,
             thresholds=thresholds,
         )
+
+
+def _quantile(values: list[float], masses: list[float], denominator: float, target: float) -> float:
+    """The smallest value whose cumulative share of ``denominator`` reaches ``target``."""
+    if not (math.isfinite(denominator) and denominator > 0):
+        return math.inf
+    cumulative = 0.0
+    for v, m in zip(values, masses, strict=True):
+        cumulative += m
+        if cumulative / denominator >= target - 1e-10:
+            return v
+    return math.inf

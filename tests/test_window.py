@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from monitor.conformal import (
     conformal_threshold,
     decay_weights,
-    effective_sample_size,
+    effective_calibration_size,
     reliability_level,
     weighted_reliability_level,
     weighted_reliability_lower_bound,
@@ -66,10 +66,12 @@ def test_matches_batch_weighted_formulas(recs, h, max_items) -> None:
     assert snap.reliability_level == pytest.approx(
         weighted_reliability_level(scores, w, test_weight=w_test), rel=1e-9, abs=1e-12
     )
-    assert snap.n_eff == pytest.approx(effective_sample_size(w), rel=1e-9, abs=1e-9)
+    assert snap.n_eff == pytest.approx(effective_calibration_size(w, w_test), rel=1e-9, abs=1e-9)
     if len(scores):
         assert snap.reliability_lower_bound == pytest.approx(
-            weighted_reliability_lower_bound(scores, w, 0.05), rel=1e-6, abs=1e-9
+            weighted_reliability_lower_bound(scores, w, 0.05, test_weight=w_test),
+            rel=1e-6,
+            abs=1e-9,
         )
 
 
@@ -136,3 +138,78 @@ def test_snapshot_of_an_empty_window() -> None:
     assert all(m == math.inf for m in snap.thresholds.values())
     with pytest.raises(ValueError):
         CalibrationWindow(alphas=ALPHAS).add("x", 0.0, 1.0, 0.0)
+
+
+# --- one order, whatever order the verdicts arrive in -----------------------------------
+
+
+keyed = st.lists(
+    st.tuples(
+        st.one_of(st.integers(1, 4).map(float), st.just(math.inf)),
+        st.sampled_from([1.0, 0.5, 0.2]),
+        st.floats(0, 50_000),
+    ),
+    min_size=1,
+    max_size=60,
+)
+
+
+@settings(max_examples=200, derandomize=True)
+@given(
+    recs=keyed,
+    h=st.one_of(st.none(), st.floats(1, 5000)),
+    max_items=st.integers(1, 20),
+    data=st.data(),
+)
+def test_the_same_verdicts_in_any_order_give_the_same_snapshot(recs, h, max_items, data) -> None:
+    """The window holds the verdicts latest in order whatever order they are added in,
+    and its state depends only on what it holds: bit-for-bit the same snapshot."""
+    shuffled = data.draw(st.permutations(list(enumerate(recs))))
+
+    def build(order):
+        w = CalibrationWindow(
+            alphas=ALPHAS, max_items=max_items, half_life_s=h, min_inclusion_probability=0.2
+        )
+        for key, (s, p, t) in order:
+            assert w.add(f"id{key}", s, p, t, order=(key,))
+        return w
+
+    in_order, any_order = build(list(enumerate(recs))), build(shuffled)
+    now = max(t for _, _, t in recs) + data.draw(st.floats(0, 20_000))
+    assert any_order.snapshot(now) == in_order.snapshot(now)
+    kept = {f"id{k}" for k in range(len(recs))[-max_items:]}
+    assert {i for i in kept if i in any_order} == kept and len(any_order) == len(kept)
+    # And the held items give the batch formulas.
+    held = recs[-max_items:]
+    scores, w, w_test = batch(held, now, h, max_items, 0.2)
+    snap = any_order.snapshot(now)
+    for a in ALPHAS:
+        assert snap.thresholds[a] == weighted_threshold(scores, w, a, test_weight=w_test)
+
+
+def test_level_bound_and_n_eff_fall_together_after_a_long_pause() -> None:
+    """No verdicts for many half-lives: the test point's weight dominates, and the level,
+    the lower bound and n_eff all fall (they use the same weights at the same time)."""
+    h = 600.0
+    window = CalibrationWindow(alphas=ALPHAS, max_items=1000, half_life_s=h)
+    for i in range(300):
+        window.add(f"g{i}", 1.0, 1.0, float(i))
+    fresh = window.snapshot(300.0)
+    assert fresh.reliability_level > 0.99 and fresh.reliability_lower_bound > 0.97
+    assert fresh.n_eff > 250
+    previous = fresh
+    for pause_half_lives in (1, 4, 8, 16, 64, 2000):
+        snap = window.snapshot(300.0 + pause_half_lives * h)
+        assert snap.n == 300  # the items are still held, but they weigh less and less
+        assert snap.reliability_level < previous.reliability_level
+        assert snap.n_eff < previous.n_eff
+        assert snap.reliability_lower_bound <= previous.reliability_lower_bound
+        assert snap.reliability_lower_bound <= snap.reliability_level
+        previous = snap
+    assert previous.reliability_level == 0.0
+    assert previous.n_eff == 0.0 and previous.reliability_lower_bound == 0.0
+    assert all(m == math.inf for m in previous.thresholds.values())
+    # Batch reference at one point of the pause.
+    now = 300.0 + 8 * h
+    w = decay_weights([now - i for i in range(300)], h)
+    assert window.snapshot(now).n_eff == pytest.approx(effective_calibration_size(w, 1.0))

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import textwrap
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -100,11 +101,13 @@ async def test_queue_order_depth_and_task_filter(store: SqliteStore) -> None:
 async def test_records_are_idempotent_and_keep_infinity(store: SqliteStore) -> None:
     await store.submit(item("a"))
     verdict = Verdict("a", none_of_these=True, correct_answer="43", reviewer="ann")
-    assert await store.save_record(record("a", score=math.inf), verdict) is True
+    assert await store.save_record(record("a", score=math.inf), verdict) == (1,)
     again = Verdict("a", accepted_ranks=(1,), reviewer="bob")
-    assert await store.save_record(record("a", score=1.0), again) is False
+    assert await store.save_record(record("a", score=1.0), again) is None
     (only,) = await store.load_records()
-    assert only == record("a", score=math.inf)
+    assert only == replace(record("a", score=math.inf), order=(1,))
+    assert await store.get_record("a") == only  # the first verdict's score stays
+    assert await store.get_record("b") is None
     assert await store.get_verdict("a") == verdict  # the first verdict stays
     assert await store.get_verdict("b") is None
 
@@ -119,10 +122,41 @@ async def test_invalid_records_are_refused(store: SqliteStore) -> None:
     assert await store.load_records() == []
 
 
-async def test_records_load_oldest_first_ties_in_insertion_order(store: SqliteStore) -> None:
+async def test_records_load_in_the_order_they_were_applied(store: SqliteStore) -> None:
+    """One order for the window: the verdicts' numbers, not their sampling times."""
     for item_id, at in [("c", 30.0), ("a", 10.0), ("b2", 20.0), ("b1", 20.0)]:
         await store.save_record(record(item_id, sampled_at=at), Verdict(item_id, (1,)))
-    assert [r.item_id for r in await store.load_records()] == ["a", "b2", "b1", "c"]
+    loaded = await store.load_records()
+    assert [r.item_id for r in loaded] == ["c", "a", "b2", "b1"]
+    assert [r.order for r in loaded] == [(1,), (2,), (3,), (4,)]
+
+
+async def test_a_schema_1_file_is_numbered_in_its_old_reload_order(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path) as conn:
+        conn.executescript(
+            "CREATE TABLE schema_version (version INTEGER NOT NULL);"
+            "INSERT INTO schema_version VALUES (1);"
+            "CREATE TABLE records (item_id TEXT PRIMARY KEY, model TEXT NOT NULL, "
+            "task TEXT NOT NULL, score REAL, inclusion_probability REAL NOT NULL, "
+            "sampled_at REAL NOT NULL, verdict TEXT NOT NULL, applied_at REAL NOT NULL);"
+        )
+        for item_id, at in [("c", 30.0), ("a", 10.0), ("b2", 20.0), ("b1", 20.0)]:
+            conn.execute(
+                "INSERT INTO records VALUES (?, 'm1', 'qa', 1, 1.0, ?, '{}', 0)", (item_id, at)
+            )
+    conn.close()
+    store = SqliteStore(path)
+    try:
+        loaded = await store.load_records()
+        assert [r.item_id for r in loaded] == ["a", "b2", "b1", "c"]
+        assert [r.order for r in loaded] == [(1,), (2,), (3,), (4,)]
+        assert await store.save_record(record("d"), Verdict("d", (1,))) == (5,)
+    finally:
+        await store.aclose()
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT version FROM schema_version").fetchall() == [(SCHEMA_VERSION,)]
+    conn.close()
 
 
 async def test_an_item_saved_after_its_verdict_is_not_pending(store: SqliteStore) -> None:
@@ -147,7 +181,9 @@ async def test_everything_survives_closing_and_reopening(tmp_path: Path) -> None
         assert await second.get_review_item("a") == item("a")
         assert await second.depth() == 1
         assert (await second.next_pending()).item_id == "b"  # type: ignore[union-attr]
-        assert await second.load_records() == [record("a", score=2.0, sampled_at=5.0)]
+        assert await second.load_records() == [
+            replace(record("a", score=2.0, sampled_at=5.0), order=(1,))
+        ]
         assert await second.get_verdict("a") == Verdict("a", (2,))
     finally:
         await second.aclose()

@@ -258,12 +258,16 @@ async def test_calibration_store_replays_the_topics_and_restores_exactly(
 
     store = KafkaCalibrationStore(kafka_bootstrap, reviews, verdicts, score)
     records = await store.load_records()
-    assert records == [
+    assert [dataclasses.replace(r, order=()) for r in records] == [
         expected(items[4], 2.0),
         expected(items[0], 1.0),
         expected(items[3], math.inf),
         expected(items[2], 1.0),
     ]
+    # The window order is each verdict's place in the log: (timestamp, partition, offset).
+    orders = [r.order for r in records]
+    assert orders == sorted(orders) and len(set(orders)) == 4
+    assert all(len(o) == 3 and o[0] >= base_ms for o in orders)
     assert store.unknown_verdicts == 1
     assert store.duplicate_verdicts == 1
     assert store.invalid_records == 3  # junk review item, rank 9, malformed verdict
@@ -272,10 +276,12 @@ async def test_calibration_store_replays_the_topics_and_restores_exactly(
     assert await store.get_review_item("item-5") == items[5]
     assert await store.get_review_item("ghost") is None
     assert store.pending_item_ids() == {"item-1", "item-5"}
-    assert not await store.save_record(records[0], Verdict("item-4", (1,)))
+    assert await store.save_record(records[0], Verdict("item-4", (1,))) is None
+    assert await store.get_record("item-4") == records[0]
     new = expected(items[5], 1.0)
-    assert await store.save_record(new, Verdict("item-5", (1,)))
-    assert not await store.save_record(new, Verdict("item-5", (2,)))  # idempotent
+    assert await store.save_record(new, Verdict("item-5", (1,), position=(7, 0, 3))) == (7, 0, 3)
+    assert await store.save_record(new, Verdict("item-5", (2,))) is None  # idempotent
+    assert await store.get_record("item-5") == dataclasses.replace(new, order=(7, 0, 3))
     later = item(99)
     await store.save_review_item(later)
     assert await store.get_review_item("item-99") == later

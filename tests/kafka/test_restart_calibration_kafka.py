@@ -1,0 +1,171 @@
+"""A restart restores exactly the live calibration with the Kafka backend.
+
+Property (hypothesis, derandomized, few examples: each replays and follows the topics
+of a real Tansu broker): review items with random sampling times, verdicts written to random
+partitions of a three-partition verdict topic in a random order, restarts at random
+points, a window smaller than the number of verdicts. The live service applies the
+verdicts as its consumer hands them over (partitions interleaved however the consumer
+fetched them); after each restart, the window rebuilt from the topics gives a snapshot
+identical to the live one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
+
+from adapters.kafka_review import KafkaCalibrationStore, KafkaReviewQueue, durable_producer
+from adapters.kafka_verdicts import KafkaVerdictConsumer
+from monitor.canon import as_async, get_canonicalizer
+from monitor.config import BudgetSettings, TaskSettings
+from monitor.metrics import Metrics
+from monitor.review import ReviewItem, verdict_score
+from monitor.service import MonitorService, TaskRuntime
+from monitor.stopping import get_stopping_rule
+from monitor.testing import FakeModelClient, ManualClock
+from tests.kafka import eventually, new_topic
+
+MODEL, TASK = "sim-1", "arith"
+T0 = 1_800_000_000.0
+CANDIDATES = (("4", 6), ("5", 3), ("6", 1))
+
+
+class Running:
+    """A service on the Kafka backend with its verdict consumer."""
+
+    def __init__(self, bootstrap: str, topics: dict[str, str], window: int, clock: Any) -> None:
+        self.bootstrap, self.topics = bootstrap, topics
+        self.window, self.clock = window, clock
+
+    async def start(self, producer: AIOKafkaProducer) -> None:
+        settings = TaskSettings(
+            name=TASK,
+            canonicalizer="numeric",
+            k_max=10,
+            review_rate=0.5,
+            review_priority="uncertainty",
+            review_min_rate=0.1,
+            window_size=self.window,
+            half_life_s=900.0,
+            alphas=[0.1, 0.2, 0.3],
+            reliability_target=0.8,
+            endpoint={"model": MODEL},
+        )
+        canon = get_canonicalizer("numeric")
+        task = TaskRuntime(
+            settings,
+            as_async(canon),
+            get_stopping_rule(k_max=10, k0=3),
+            FakeModelClient(lambda q, i: "4"),
+            canon,
+        )
+        self.store = KafkaCalibrationStore(
+            self.bootstrap,
+            self.topics["reviews"],
+            self.topics["verdicts"],
+            verdict_score,
+            dead_letter_topic=self.topics["dlq"],
+        )
+        self.service = MonitorService(
+            [task],
+            store=self.store,
+            review_queue=KafkaReviewQueue(producer, self.topics["reviews"]),
+            metrics=Metrics(CollectorRegistry(), k_max=10),
+            budget=BudgetSettings(calls_per_minute=10_000),
+            clock=self.clock,
+        )
+        await self.service.load()
+        self.consumer = KafkaVerdictConsumer(
+            self.store, self.service.apply_verdict, self.service.reject, wait_s=30.0
+        )
+        await self.consumer.start()
+        self.task = asyncio.create_task(self.consumer.run())
+        await asyncio.sleep(0)  # let it run before anything may stop it
+
+    consumer: KafkaVerdictConsumer | None = None
+
+    async def stop(self) -> None:
+        if self.consumer is None:
+            return
+        await self.consumer.stop(5.0)
+        await asyncio.gather(self.task)
+        await self.store.aclose()
+
+
+plans = st.lists(
+    st.tuples(
+        st.floats(0, 20_000),  # sampling time after T0
+        st.sampled_from([1.0, 0.5, 0.25, 0.1]),  # review probability
+        st.integers(0, 3),  # verdict: none of these, or the accepted rank
+        st.integers(0, 2),  # the verdict's partition
+    ),
+    min_size=6,
+    max_size=14,
+)
+
+
+@settings(
+    max_examples=3,
+    derandomize=True,
+    phases=[Phase.generate],  # no shrinking: every example costs consumer-group joins
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(plan=plans, window=st.integers(2, 5), data=st.data())
+async def test_a_restart_rebuilds_exactly_the_live_snapshot_from_the_topics(
+    kafka_bootstrap: str, plan: list[tuple[float, float, int, int]], window: int, data: Any
+) -> None:
+    topics = {
+        "reviews": await new_topic(kafka_bootstrap, "reviews"),
+        "verdicts": await new_topic(kafka_bootstrap, "verdicts", partitions=3),
+        "dlq": await new_topic(kafka_bootstrap, "dlq"),
+    }
+    order = data.draw(st.permutations(range(len(plan))), label="verdict order")
+    cuts = sorted(set(data.draw(st.lists(st.integers(1, len(plan) - 1), max_size=2))))
+    chunks = [order[a:b] for a, b in zip([0, *cuts], [*cuts, len(plan)], strict=True)]
+    clock = ManualClock(T0 + 25_000.0)
+    producer = durable_producer(kafka_bootstrap)
+    await producer.start()
+    live = Running(kafka_bootstrap, topics, window, clock)
+    try:
+        queue = KafkaReviewQueue(producer, topics["reviews"])
+        for n, (at, pi, _, _) in enumerate(plan):
+            await queue.submit(
+                ReviewItem(f"{TASK}:e{n}", MODEL, TASK, "q", CANDIDATES, 10, pi, T0 + at)
+            )
+        await live.start(producer)
+        for chunk in chunks:
+            for n in chunk:
+                choice, partition = plan[n][2], plan[n][3]
+                body: dict[str, Any] = {"item_id": f"{TASK}:e{n}"}
+                if choice:
+                    body["accepted_ranks"] = [choice]
+                else:
+                    body["none_of_these"] = True
+                await producer.send_and_wait(
+                    topics["verdicts"], json.dumps(body).encode(), partition=partition
+                )
+            # A restarted service counts from 0 and follows the topics from where its
+            # replay stopped: only the new chunk's verdicts are applied by it.
+            service, expected = live.service, len(chunk)
+
+            def caught_up(s: MonitorService = service, t: int = expected) -> bool:
+                return s.stats.verdicts == t
+
+            await eventually(caught_up, timeout_s=30)
+            before = live.service.snapshot(MODEL, TASK)
+            await live.stop()
+            live = Running(kafka_bootstrap, topics, window, clock)
+            await live.start(producer)
+            after = live.service.snapshot(MODEL, TASK)
+            assert after == before
+        assert live.service.snapshot(MODEL, TASK).n == min(len(plan), window)
+    finally:
+        await live.stop()
+        await producer.stop()

@@ -26,15 +26,16 @@ Outcomes
     ``max_response_bytes``); ``connection_error``; ``circuit_open``.
 
 Retries
-    timeout, rate_limited, server_error and connection_error are retried up to
-    ``max_retries`` times, waiting ``d/2 + U(0, d/2)`` with ``d = min(backoff_max_s,
-    backoff_base_s * 2**attempt)``. A 429 or 503 with ``Retry-After`` (delta-seconds or
-    an HTTP-date) waits that long instead, capped at ``backoff_max_s``.
-    ``invalid_response`` is retried **once** at most (a proxy hiccup can garble one body;
-    two garbled bodies in a row mean the endpoint does not speak the protocol), then
-    gives ``ModelCallError(retriable=False)``. ``client_error`` is never retried
-    (``retriable=False``, ``status`` set). Exhausted retriable failures give
-    ``ModelCallError(retriable=True)``.
+    Per outcome, each with its own count (``retries``, see :data:`RETRY_KINDS`):
+    ``error`` (server_error and connection_error), ``timeout``, ``rate_limited`` (each
+    ``max_retries`` by default) and ``invalid`` (invalid_response,
+    :data:`DEFAULT_INVALID_RETRIES` by default: a proxy hiccup can garble a body or two).
+    A retry waits ``d/2 + U(0, d/2)`` with ``d = min(backoff_max_s, backoff_base_s *
+    2**attempt)`` (``attempt`` counts every retry of the call); a 429 or 503 with
+    ``Retry-After`` (delta-seconds or an HTTP-date) waits that long instead, capped at
+    ``backoff_max_s``. An exhausted ``invalid`` gives
+    ``ModelCallError(retriable=False)``; the others ``ModelCallError(retriable=True)``.
+    ``client_error`` is never retried (``retriable=False``, ``status`` set).
 
 ``content: null`` (a refusal or a tool call)
     is the answer ``""``: the model did answer, just not in text, and the canonicalizer
@@ -46,7 +47,10 @@ Circuit breaker
     as a success) the circuit opens: calls fail at once with outcome ``circuit_open``
     and ``ModelCallError(retriable=True)``, without touching the network. After
     ``breaker_cooldown_s`` one trial call goes through (half-open); its success closes
-    the circuit, its failure opens it for another cooldown.
+    the circuit, its failure opens it for another cooldown. While the circuit is not
+    closed, ``sample`` sends the first call of a batch alone and the rest only after it
+    succeeded: a trial sent with parallel siblings would be cancelled by their
+    ``circuit_open`` failures and the circuit would never close.
 
 ``sample(request, n)`` returns exactly ``n`` texts or raises: with ``supports_n`` one
 request asks for ``n`` choices (missing choices, e.g. from a server that ignores ``n``,
@@ -71,8 +75,10 @@ from monitor.errors import ConfigError, ModelCallError
 from monitor.ports import Clock, SystemClock
 
 __all__ = [
+    "DEFAULT_INVALID_RETRIES",
     "FORWARDED_FIELDS",
     "OUTCOMES",
+    "RETRY_KINDS",
     "OpenAIClient",
     "Outcome",
     "build_body",
@@ -98,7 +104,16 @@ FORWARDED_FIELDS: Final = frozenset(
 """Request fields resent besides ``messages`` (see the module docstring)."""
 
 _RETRIABLE: Final = frozenset({"timeout", "rate_limited", "server_error", "connection_error"})
-_INVALID_RETRIES: Final = 1
+RETRY_KINDS: Final = ("error", "timeout", "rate_limited", "invalid")
+"""The keys of ``retries``: which failed outcomes each retry budget covers."""
+_RETRY_KIND: Final[dict[str, str]] = {
+    "server_error": "error",
+    "connection_error": "error",
+    "timeout": "timeout",
+    "rate_limited": "rate_limited",
+    "invalid_response": "invalid",
+}
+DEFAULT_INVALID_RETRIES: Final = 2
 _CHUNK: Final = 65536
 
 
@@ -263,6 +278,7 @@ class OpenAIClient:
         rate_limit_per_s: float | None = None,
         supports_n: bool = False,
         max_retries: int = 3,
+        retries: Mapping[str, int] | None = None,
         backoff_base_s: float = 0.5,
         backoff_max_s: float = 30.0,
         breaker_threshold: int = 5,
@@ -290,9 +306,15 @@ class OpenAIClient:
             "breaker_cooldown_s >= 0": breaker_cooldown_s >= 0,
             "max_response_bytes >= 1": max_response_bytes >= 1,
         }
+        limits = {k: max_retries for k in RETRY_KINDS} | {"invalid": DEFAULT_INVALID_RETRIES}
+        for kind, count in (retries or {}).items():
+            checks[f"retries keys in {', '.join(RETRY_KINDS)}"] = kind in RETRY_KINDS
+            checks[f"retries.{kind} >= 0"] = isinstance(count, int) and count >= 0
+            limits[kind] = count
         failed = [name for name, ok in checks.items() if not ok]
         if failed:
             raise ConfigError(f"OpenAIClient: need {', '.join(failed)}")
+        self._retries = limits
         self._url = base_url.rstrip("/") + "/chat/completions"
         self._base_url = base_url
         self._model = model
@@ -302,7 +324,6 @@ class OpenAIClient:
         self._timeout_s = float(timeout_s)
         self._concurrency = int(concurrency)
         self._supports_n = supports_n
-        self._max_retries = int(max_retries)
         self._backoff_base_s = float(backoff_base_s)
         self._backoff_max_s = float(backoff_max_s)
         self._max_response_bytes = int(max_response_bytes)
@@ -356,6 +377,14 @@ class OpenAIClient:
         if rest == 0:
             return texts
         single = _encode(body)
+        if self._breaker.state != "closed":
+            # Open or half-open: one call goes alone (the trial, once the cool-down is
+            # over). Sent with siblings, their immediate circuit_open failures would
+            # cancel it, and the circuit would never close again.
+            texts = texts + (await self._call(single))[:1]
+            rest -= 1
+        if rest == 0:
+            return texts
         if rest == 1:
             return texts + (await self._call(single))[:1]
         try:
@@ -368,18 +397,18 @@ class OpenAIClient:
     async def _call(self, payload: bytes) -> list[str]:
         """One logical call with retries: the choices' texts, or ModelCallError."""
         attempt = 0
-        invalid = 0
+        used = dict.fromkeys(RETRY_KINDS, 0)
         while True:
             try:
                 return await self._attempt(payload)
             except _CallError as failed:
                 if failed.outcome == "circuit_open":
                     raise ModelCallError(str(failed), retriable=True) from None
-                retry = failed.outcome in _RETRIABLE
-                if failed.outcome == "invalid_response":
-                    invalid += 1
-                    retry = invalid <= _INVALID_RETRIES
-                if not retry or attempt >= self._max_retries:
+                kind = _RETRY_KIND.get(failed.outcome)
+                retry = kind is not None and used[kind] < self._retries[kind]
+                if kind is not None:
+                    used[kind] += 1
+                if not retry:
                     tries = f" after {attempt + 1} attempts" if attempt else ""
                     raise ModelCallError(
                         f"model call failed{tries}: {failed}",

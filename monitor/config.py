@@ -49,6 +49,7 @@ __all__ = [
     "MatchSettings",
     "RedactionRuleSettings",
     "RedactionSettings",
+    "RetrySettings",
     "ReviewSettings",
     "Settings",
     "TaskSettings",
@@ -90,6 +91,20 @@ def default_state_dir() -> Path:
     return Path(base) / "relmon"
 
 
+MAX_RETRIES_PER_OUTCOME = 10
+"""The most retries ``validate_settings`` accepts for one outcome (backoff doubles up to
+30 s: more would hold an item, and its reserved budget, for many minutes)."""
+
+
+class RetrySettings(_Strict):
+    """Retries of one model call, per failed outcome (each counted on its own)."""
+
+    error: int = Field(3, ge=0)  # HTTP 5xx and connection errors
+    timeout: int = Field(3, ge=0)  # the client's timeout, or HTTP 408
+    rate_limited: int = Field(3, ge=0)  # HTTP 429 (Retry-After honoured)
+    invalid: int = Field(2, ge=0)  # a 2xx body that is not a well-formed completion
+
+
 class EndpointSettings(_Strict):
     """The OpenAI-compatible endpoint the re-issuer asks again."""
 
@@ -103,7 +118,17 @@ class EndpointSettings(_Strict):
     concurrency: int = Field(4, ge=1)
     rate_limit_per_s: float | None = Field(None, gt=0)
     supports_n: bool = False
-    max_retries: int = Field(3, ge=0)
+    max_retries: int | None = Field(None, ge=0)  # older form: error, timeout, rate_limited
+    retries: RetrySettings = RetrySettings()
+
+    def retry_limits(self) -> dict[str, int]:
+        """Retries per outcome: ``retries``, where not set there ``max_retries`` (if set)."""
+        limits = self.retries.model_dump()
+        if self.max_retries is not None:
+            for kind in ("error", "timeout", "rate_limited"):
+                if kind not in self.retries.model_fields_set:
+                    limits[kind] = self.max_retries
+        return limits
 
     @field_validator("base_url")
     @classmethod
@@ -618,6 +643,18 @@ def validate_settings(settings: Settings, *, review_token: str | None = None) ->
         except ConfigError as exc:
             field = "canonicalizer" if spec == t.canonicalizer else "answer_pattern"
             problems.append(f"{where}.{field}: {exc}")
+        for kind, count in t.endpoint.retry_limits().items():
+            if count > MAX_RETRIES_PER_OUTCOME:
+                field = (
+                    f"retries.{kind}"
+                    if kind in t.endpoint.retries.model_fields_set
+                    else ("max_retries")
+                )
+                problems.append(
+                    f"{where}.endpoint.{field}: {count} retries of one call is more than "
+                    f"{MAX_RETRIES_PER_OUTCOME}; with backoff up to 30 s an item would hold "
+                    "its budget for many minutes"
+                )
         if t.k_max > settings.budget.calls_per_minute:
             problems.append(
                 f"{where}.k_max: {t.k_max} is more than budget.calls_per_minute "

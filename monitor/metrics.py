@@ -30,7 +30,7 @@ __all__ = [
 
 TRAFFIC_DECISIONS: Final = ("sampled", "skipped", "duplicate", "dropped", "rejected")
 """``relmon_traffic_events_total{decision}`` values (see :data:`monitor.ports.Decision`)."""
-ITEM_OUTCOMES: Final = ("scored", "abandoned")
+ITEM_OUTCOMES: Final = ("scored", "abandoned", "interrupted")
 """``relmon_items_total{outcome}`` values."""
 VERDICT_KINDS: Final = ("accepted", "none", "duplicate", "unknown", "invalid")
 """``relmon_reviews_total{verdict}`` values."""
@@ -128,7 +128,8 @@ class Metrics:
         )
         self.items = Counter(
             "relmon_items",
-            "Sampled items by outcome: scored, or abandoned after failed model calls.",
+            "Sampled items by outcome: scored; abandoned after failed model calls; "
+            "interrupted: admitted but not finished when the service stopped (SIGTERM).",
             (*mt, "outcome"),
             registry=registry,
         )
@@ -190,7 +191,9 @@ class Metrics:
         )
         self.circuit_open = Gauge(
             "relmon_circuit_open",
-            "1 while the model endpoint's circuit breaker is open (no calls are made), else 0.",
+            "1 while the model endpoint's circuit breaker is not closed (open, or half-open "
+            "until a trial call succeeds): items are not re-asked, monitoring has stopped. "
+            "Else 0.",
             mt,
             registry=registry,
         )

@@ -117,7 +117,7 @@ def build_task(task: TaskSettings, metrics: Metrics) -> TaskRuntime:
         concurrency=endpoint.concurrency,
         rate_limit_per_s=endpoint.rate_limit_per_s,
         supports_n=endpoint.supports_n,
-        max_retries=endpoint.max_retries,
+        retries=endpoint.retry_limits(),
         on_outcome=outcome,
     )
     spec, options = task.canonicalizer_spec()
@@ -158,6 +158,12 @@ class Running:
             else f"{type(s).__name__} not connected"
             for s in self.sources
             if not s.connected
+        ]
+        if not self.service.accepting:
+            reasons.append("stopping: no traffic is admitted")
+        reasons += [
+            f"task {name}: circuit breaker to the model endpoint open, no items re-asked"
+            for name in self.service.circuits_open()
         ]
         return reasons
 

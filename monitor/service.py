@@ -123,6 +123,7 @@ class _WindowState:
 class ServiceStats:
     scored: int = 0
     abandoned: int = 0
+    interrupted: int = 0
     reviewed: int = 0
     verdicts: int = 0
     calls: int = 0
@@ -230,9 +231,23 @@ class MonitorService:
             state.snapshot_at = now
         return state.snapshot
 
+    def circuits_open(self) -> list[str]:
+        """Tasks whose model client's circuit breaker is not closed (no items re-asked)."""
+        return [
+            name
+            for name, task in self.tasks.items()
+            if getattr(task.client, "circuit_state", "closed") != "closed"
+        ]
+
     def publish(self) -> None:
-        """Refresh every window's gauges (decay moves with time, not only with verdicts)."""
+        """Refresh every window's gauges (decay moves with time, not only with verdicts)
+        and each task's ``relmon_circuit_open``."""
         self.metrics.budget_utilization.set(self.budget.utilization(self.clock.monotonic()))
+        open_now = set(self.circuits_open())
+        for name, task in self.tasks.items():
+            self.metrics.circuit_open.labels(self._model(task), name).set(
+                1.0 if name in open_now else 0.0
+            )
         for (model, name), state in self.windows.items():
             snap = self.snapshot(model, name)
             self.metrics.publish(model, name, snap, self.tasks[name].alphas)
@@ -397,6 +412,9 @@ class MonitorService:
         try:
             try:
                 answers, classes = await self._sample(job)
+            except asyncio.CancelledError:  # stopped before the item was finished
+                self._interrupted(job)
+                raise
             except (ModelCallError, InputError) as exc:
                 self.stats.abandoned += 1
                 self.metrics.items.labels(model, task.name, "abandoned").inc()
@@ -522,7 +540,8 @@ class MonitorService:
     async def stop(self, timeout_s: float) -> bool:
         """Stop admitting, finish in-flight items within ``timeout_s``; True if drained.
 
-        Items not finished keep their ``done`` unresolved, so a Kafka source does not
+        Items not finished are counted as ``relmon_items_total{outcome="interrupted"}``;
+        those never started keep their ``done`` unresolved, so a Kafka source does not
         commit them and they are delivered again after a restart.
         """
         self.accepting = False
@@ -537,7 +556,18 @@ class MonitorService:
             with contextlib.suppress(asyncio.CancelledError):
                 await w
         self._workers = []
+        while not self.queue.empty():  # admitted, never started: counted, not dropped
+            job = self.queue.get_nowait()
+            self._interrupted(job)
+            self.budget.refund(job.reserved, self.clock.monotonic())
+            self.queue.task_done()
         return drained
+
+    def _interrupted(self, job: _Job) -> None:
+        model = self._model(job.task)
+        self.metrics.items.labels(model, job.task.name, "interrupted").inc()
+        self.stats.interrupted += 1
+        log.warning("item_interrupted", item=job.event.id, task=job.task.name, model=model)
 
     # ----------------------------------------------------------------- verdicts
 

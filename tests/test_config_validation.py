@@ -457,3 +457,34 @@ def test_check_config_prints_the_budget_warning_and_succeeds(
     json.loads(captured.out)
     assert captured.err.startswith("relmon: warning: ")
     assert "budget.calls_per_minute: 600 cannot fit" in captured.err
+
+
+def test_retries_per_outcome_defaults_older_form_and_limits(tmp_path: Path) -> None:
+    base = "tasks:\n  - name: arith\n    endpoint: {{model: m1, {extra}}}\n"
+    defaults = load_settings(write(tmp_path, base.format(extra="")))
+    assert defaults.tasks[0].endpoint.retry_limits() == {
+        "error": 3,
+        "timeout": 3,
+        "rate_limited": 3,
+        "invalid": 2,
+    }
+    mixed = load_settings(
+        write(tmp_path, base.format(extra="max_retries: 5, retries: {timeout: 1, invalid: 4}"))
+    )
+    assert mixed.tasks[0].endpoint.retry_limits() == {
+        "error": 5,
+        "timeout": 1,
+        "rate_limited": 5,
+        "invalid": 4,
+    }
+    client = build_task(mixed.tasks[0], Metrics(CollectorRegistry())).client
+    assert client._retries == mixed.tasks[0].endpoint.retry_limits()  # type: ignore[attr-defined]
+    validate_settings(mixed, review_token="t")
+    too_many = load_settings(write(tmp_path, base.format(extra="retries: {invalid: 11}")))
+    with pytest.raises(ConfigError, match=r"arith\)\.endpoint\.retries\.invalid: 11 retries"):
+        validate_settings(too_many, review_token="t")
+    old_form = load_settings(write(tmp_path, base.format(extra="max_retries: 50")))
+    with pytest.raises(ConfigError, match=r"endpoint\.max_retries: 50 retries"):
+        validate_settings(old_form, review_token="t")
+    with pytest.raises(ConfigError, match="retries"):
+        load_settings(write(tmp_path, base.format(extra="retries: {garbled: 1}")))

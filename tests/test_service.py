@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 import re
 
@@ -370,3 +371,35 @@ async def test_a_repeated_event_is_a_duplicate_and_a_waiting_source_gets_busy() 
     assert count("dropped", "mirror") == 1
     await service.stop(5)
     assert service.offer(parse_event(event(9)), "kafka", wait=True).decision == "busy"
+
+
+async def test_items_unfinished_at_shutdown_are_counted_as_interrupted() -> None:
+    """SIGTERM with items in flight and queued: each is counted (created at 0 at start),
+    none is silently dropped, and the budget reserved by the queued ones is returned."""
+
+    class Hanging:
+        async def sample(self, request: object, n: int) -> list[str]:
+            await asyncio.Event().wait()
+            return []
+
+        async def aclose(self) -> None:
+            return None
+
+    budget = BudgetSettings(calls_per_minute=1_000, max_in_flight=2, queue_size=100)
+    service, _, _, registry = make_service(client=Hanging(), budget=budget)  # type: ignore[arg-type]
+    labels = {"model": "sim-1", "task": "arith", "outcome": "interrupted"}
+    assert registry.get_sample_value("relmon_items_total", labels) == 0.0
+    await service.load()
+    service.start()
+    admissions = [service.offer(parse_event(event(i)), "mirror") for i in range(5)]
+    assert all(a.decision == "sampled" for a in admissions)
+    for _ in range(100):
+        await asyncio.sleep(0.01)
+        if service._in_flight == 2:
+            break
+    assert await service.stop(0.2) is False
+    assert registry.get_sample_value("relmon_items_total", labels) == 5.0
+    assert service.stats.interrupted == 5
+    assert service.stats.scored == service.stats.abandoned == 0
+    assert sum(1 for a in admissions if a.done is not None and not a.done.done()) == 3
+    assert service.budget.utilization(service.clock.monotonic()) == 0.0

@@ -254,7 +254,7 @@ GARBAGE = {
 
 
 @pytest.mark.parametrize("name", list(GARBAGE))
-async def test_garbage_is_invalid_response_retried_once(
+async def test_garbage_is_invalid_response_retried_twice(
     endpoint: Endpoint, make_client: ClientFactory, name: str
 ) -> None:
     endpoint.default = GARBAGE[name]
@@ -263,8 +263,49 @@ async def test_garbage_is_invalid_response_retried_once(
         await client.sample(REQUEST, 1)
     assert info.value.retriable is False
     assert "invalid response" in str(info.value)
-    assert make_client.outcomes == ["invalid_response", "invalid_response"]
-    assert len(endpoint.requests) == 2
+    assert make_client.outcomes == ["invalid_response"] * 3
+    assert len(endpoint.requests) == 3
+
+
+async def test_two_bad_bodies_then_a_good_one_is_an_answer(
+    endpoint: Endpoint, make_client: ClientFactory
+) -> None:
+    """A proxy garbling two bodies in a row no longer abandons the item (default
+    ``retries.invalid`` = 2); with ``invalid: 1`` it does, and ``invalid: 0`` never retries."""
+    endpoint.script(GARBAGE["html"], GARBAGE["truncated json"])
+    endpoint.default = reply("3")
+    assert await make_client().sample(REQUEST, 1) == ["3"]
+    assert make_client.outcomes == ["invalid_response", "invalid_response", "ok"]
+
+    endpoint.script(GARBAGE["html"], GARBAGE["truncated json"])
+    with pytest.raises(ModelCallError, match="invalid response"):
+        await make_client(retries={"invalid": 1}).sample(REQUEST, 1)
+    endpoint.script(GARBAGE["html"])
+    with pytest.raises(ModelCallError, match="invalid response"):
+        await make_client(retries={"invalid": 0}).sample(REQUEST, 1)
+    assert await make_client(retries={"invalid": 0}).sample(REQUEST, 1) == ["3"]
+
+
+async def test_retries_are_counted_per_outcome(
+    endpoint: Endpoint, make_client: ClientFactory
+) -> None:
+    """Each outcome has its own budget: 2 server errors, a 429 and 2 garbled bodies
+    are all retried with error 2, rate_limited 1, invalid 2; a third 5xx is not."""
+    endpoint.script(
+        status(500), GARBAGE["html"], status(429), status(502), GARBAGE["html"], reply("ok")
+    )
+    client = make_client(
+        retries={"error": 2, "rate_limited": 1, "invalid": 2, "timeout": 0}, breaker_threshold=9
+    )
+    assert await client.sample(REQUEST, 1) == ["ok"]
+    endpoint.script(status(500), status(500), status(500), reply("late"))
+    with pytest.raises(ModelCallError, match="HTTP 500") as info:
+        await client.sample(REQUEST, 1)
+    assert info.value.retriable is True
+    with pytest.raises(ConfigError, match="retries"):
+        make_client(retries={"garbled": 1})
+    with pytest.raises(ConfigError, match=r"retries\.error >= 0"):
+        make_client(retries={"error": -1})
 
 
 async def test_one_garbage_body_then_success(

@@ -1,0 +1,192 @@
+"""The circuit breaker closes again once the endpoint recovers, whatever the batch size,
+and health says so meanwhile (real aiohttp endpoint, real time, real metrics server).
+
+Before the fix a batch of several parallel calls after the cool-down sent the trial
+with its siblings; their immediate ``circuit_open`` failures cancelled it, and a healthy
+model got no call at all again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from adapters.http_metrics import MetricsServer
+from adapters.openai_client import OpenAIClient
+from monitor.canon import as_async, get_canonicalizer
+from monitor.config import BudgetSettings, TaskSettings
+from monitor.errors import ModelCallError
+from monitor.events import parse_event
+from monitor.metrics import Metrics
+from monitor.runner import Running
+from monitor.service import MonitorService, TaskRuntime
+from monitor.stopping import get_stopping_rule
+from monitor.testing import InMemoryStore
+from tests.model.conftest import Endpoint, completion
+
+COOLDOWN_S = 0.5
+MARGIN_S = 3.0  # generous: the machine may be loaded; the bug gave *no* call for 100 s
+K = 5
+REQUEST = {"model": "m", "messages": [{"role": "user", "content": "What is 2 + 2?"}]}
+
+
+def failing_until(healthy: asyncio.Event) -> Any:
+    async def handle(request: web.Request) -> web.StreamResponse:
+        if not healthy.is_set():
+            return web.Response(status=500, text="down")
+        n = int((await request.json()).get("n", 1))
+        return web.json_response(completion(*(["4"] * n)))
+
+    return handle
+
+
+@pytest.mark.parametrize("batch", range(1, K + 1))
+async def test_calls_resume_within_the_cooldown_for_every_batch_size(
+    endpoint: Endpoint, batch: int
+) -> None:
+    healthy = asyncio.Event()
+    endpoint.default = failing_until(healthy)
+    client = OpenAIClient(
+        base_url=endpoint.base_url,
+        model="m",
+        retries={"error": 0},
+        breaker_threshold=2,
+        breaker_cooldown_s=COOLDOWN_S,
+        concurrency=K,
+    )
+    try:
+        for _ in range(4):  # the endpoint fails: the circuit opens
+            with pytest.raises(ModelCallError, match=r"HTTP 500|circuit open"):
+                await client.sample(REQUEST, batch)
+        assert client.circuit_state == "open"
+        healthy.set()
+        healed = time.monotonic()
+        result: list[str] = []
+        while time.monotonic() - healed < COOLDOWN_S + MARGIN_S:
+            try:
+                result = await client.sample(REQUEST, batch)
+                break
+            except Exception:
+                await asyncio.sleep(0.02)  # a worker taking the next item
+        assert result == ["4"] * batch, "the circuit never closed again"
+        assert client.circuit_state == "closed"
+        assert await client.sample(REQUEST, batch) == ["4"] * batch
+    finally:
+        await client.aclose()
+
+
+def event(i: int) -> Any:
+    return parse_event(
+        {
+            "id": f"req-{i}",
+            "model": "m",
+            "task": "arith",
+            "request": REQUEST,
+            "response": {"choices": [{"message": {"content": "4"}}]},
+        }
+    )
+
+
+async def test_items_are_scored_again_and_health_is_honest(endpoint: Endpoint) -> None:
+    """k0 = 3 parallel calls per batch (the defaults): items are abandoned while the
+    endpoint fails, /readyz is 503 and relmon_circuit_open 1; once it recovers, items are
+    scored again within the cool-down, /readyz is 200 and the gauge 0."""
+    healthy = asyncio.Event()
+    endpoint.default = failing_until(healthy)
+    client = OpenAIClient(
+        base_url=endpoint.base_url,
+        model="m",
+        retries={"error": 0},
+        breaker_threshold=3,
+        breaker_cooldown_s=COOLDOWN_S,
+    )
+    settings = TaskSettings(
+        name="arith",
+        canonicalizer="numeric",
+        k0=3,
+        k_max=6,
+        sampling_rate=1.0,
+        review_rate=0.01,
+        endpoint={"model": "m"},
+    )
+    canon = get_canonicalizer("numeric")
+    task = TaskRuntime(
+        settings,
+        as_async(canon),
+        get_stopping_rule(k_max=6, k0=3),
+        client,
+        canon,
+    )
+    registry = CollectorRegistry()
+    store = InMemoryStore()
+    service = MonitorService(
+        [task],
+        store=store,
+        review_queue=store,
+        metrics=Metrics(registry, k_max=6),
+        budget=BudgetSettings(calls_per_minute=100_000, max_in_flight=2, queue_size=100),
+    )
+    await service.load()
+    service.start()
+    running = Running(
+        settings=None,  # type: ignore[arg-type]
+        service=service,
+        registry=registry,
+        store=store,
+        metrics_server=None,
+        review_server=None,
+        traffic_server=None,
+        started=True,
+    )
+    server = MetricsServer(registry, running.not_ready, port=0, before_scrape=service.publish)
+    await server.start()
+    base = f"http://127.0.0.1:{server.bound_port}"
+
+    def gauge() -> float | None:
+        return registry.get_sample_value("relmon_circuit_open", {"model": "m", "task": "arith"})
+
+    async def offer(i: int) -> None:
+        admission = service.offer(event(i), "mirror")
+        assert admission.done is not None
+        await asyncio.wait_for(admission.done, 30)
+
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{base}/readyz") as resp:
+                assert resp.status == 200
+            service.publish()
+            assert gauge() == 0.0
+            i = 0
+            while service.stats.abandoned < 3:
+                await offer(i := i + 1)
+            assert client.circuit_state != "closed"
+            async with http.get(f"{base}/readyz") as resp:
+                assert resp.status == 503
+                body = await resp.json()
+            assert any("circuit breaker" in r and "arith" in r for r in body["reasons"])
+            async with http.get(f"{base}/metrics") as resp:
+                assert 'relmon_circuit_open{model="m",task="arith"} 1.0' in await resp.text()
+
+            healthy.set()
+            healed, scored = time.monotonic(), service.stats.scored
+            while service.stats.scored == scored:
+                assert time.monotonic() - healed < COOLDOWN_S + MARGIN_S, "never scored again"
+                await offer(i := i + 1)
+                await asyncio.sleep(0.02)
+            for _ in range(5):  # and it stays that way
+                await offer(i := i + 1)
+            assert service.stats.scored >= scored + 6
+            async with http.get(f"{base}/readyz") as resp:
+                assert resp.status == 200
+            async with http.get(f"{base}/metrics") as resp:
+                assert 'relmon_circuit_open{model="m",task="arith"} 0.0' in await resp.text()
+    finally:
+        await server.stop()
+        await service.stop(5.0)
+        await client.aclose()

@@ -90,8 +90,8 @@ def mirror(doc: dict[str, Any]) -> list[str]:
                 f"{s['bare']['requests_per_s']:,.0f}",
                 f"{s['relmon']['requests_per_s']:,.0f}",
                 _x(s["ratio"]["requests_per_s"]),
-                f"{s['bare']['p50_ms']:.2f} / {s['bare']['p99_ms']:.2f} {_range(s['bare'])}",
-                f"{s['relmon']['p50_ms']:.2f} / {s['relmon']['p99_ms']:.2f} {_range(s['relmon'])}",
+                f"{s['bare']['p50_ms']:.2f} / {s['bare']['p99_ms']:.2f}{_range(s['bare'])}",
+                f"{s['relmon']['p50_ms']:.2f} / {s['relmon']['p99_ms']:.2f}{_range(s['relmon'])}",
                 _x(s["ratio"]["p99"]),
                 f"{s['bare']['errors']:.0f} / {s['relmon']['errors']:.0f}",
             ]
@@ -326,8 +326,8 @@ def soak(doc: dict[str, Any] | None) -> list[str]:
     f = doc["final"]
     out += [
         f"`make soak` ran for **{doc['seconds']:g} s ({minutes:.1f} min)** on "
-        f"{doc['machine']['date']} (load average {doc['machine']['loadavg'][0]:g} at the "
-        f"start): mirrored traffic at {doc['rate_per_s']:.0f} requests/s, sampling rate "
+        f"{doc['machine']['date']}, code at {doc['machine'].get('commit', 'unknown')} (load "
+        f"average {doc['machine']['loadavg'][0]:g} at the start): mirrored traffic at {doc['rate_per_s']:.0f} requests/s, sampling rate "
         f"{doc['sampling_rate']:g}, budget {doc['calls_per_minute_budget']} calls/min, the "
         f"simulated model answering in {doc['model_latency_ms']:g} ms. Offered load: "
         f"{doc['budget_factor_asked']:g}× the budget at the fewest samples an item can take; "

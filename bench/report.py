@@ -327,7 +327,8 @@ def soak(doc: dict[str, Any] | None) -> list[str]:
     out += [
         f"`make soak` ran for **{doc['seconds']:g} s ({minutes:.1f} min)** on "
         f"{doc['machine']['date']}, code at {doc['machine'].get('commit', 'unknown')} (load "
-        f"average {doc['machine']['loadavg'][0]:g} at the start): mirrored traffic at {doc['rate_per_s']:.0f} requests/s, sampling rate "
+        f"average {doc['machine']['loadavg'][0]:g} at the start): mirrored traffic at "
+        f"{doc['rate_per_s']:.0f} requests/s, sampling rate "
         f"{doc['sampling_rate']:g}, budget {doc['calls_per_minute_budget']} calls/min, the "
         f"simulated model answering in {doc['model_latency_ms']:g} ms. Offered load: "
         f"{doc['budget_factor_asked']:g}× the budget at the fewest samples an item can take; "

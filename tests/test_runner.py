@@ -152,10 +152,20 @@ async def test_not_ready_until_every_listener_is_up(
         else:
             raise AssertionError("the metrics port never answered")
         assert status == 503 and any("starting" in r for r in body["reasons"])
+        async with session.get(f"{url}/traffic") as resp:  # nor is the traffic path
+            assert resp.status == 503
+            assert any("starting" in r for r in (await resp.json())["reasons"])
         gate.set()
         running = await starting
         try:
             async with session.get(url) as resp:
                 assert resp.status == 200
+            async with session.get(f"{url}/traffic") as resp:
+                assert resp.status == 200
+                assert await resp.json() == {"status": "ready", "degraded": []}
+            running.service.accepting = False  # what stop() sets first
+            async with session.get(f"{url}/traffic") as resp:
+                assert resp.status == 503
+                assert any("stopping" in r for r in (await resp.json())["reasons"])
         finally:
             await running.close(1)

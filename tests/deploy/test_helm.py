@@ -158,6 +158,23 @@ def test_standalone_pod_is_locked_down_and_probed() -> None:
     assert by_kind(docs, "PodDisruptionBudget") and by_kind(docs, "NetworkPolicy")
 
 
+def readiness_path(values: dict[str, Any]) -> str:
+    (deployment,) = by_kind(render(values), "Deployment")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    path: str = container["readinessProbe"]["httpGet"]["path"]
+    return path
+
+
+def test_readiness_follows_monitoring_only_where_traffic_does_not_depend_on_it() -> None:
+    kafka = values_of(CHART / "ci" / "standalone-kafka-values.yaml")
+    assert readiness_path(kafka) == "/readyz"
+    proxy = {"traffic": {"mode": "proxy", "upstreamUrl": "http://model:8000"}}
+    assert readiness_path(proxy) == "/readyz/traffic"  # in the live path
+    assert readiness_path({**proxy, "probes": {"readinessPath": "/readyz"}}) == "/readyz"
+    with pytest.raises(Exception, match="readinessPath"):
+        render({"probes": {"readinessPath": "/metrics"}})
+
+
 def test_existing_secret_is_mounted_and_no_secret_is_created() -> None:
     docs = render(values_of(CHART / "ci" / "existing-secret-values.yaml"))
     assert by_kind(docs, "Secret") == []
@@ -304,7 +321,8 @@ def test_sidecar_template_adds_relmon_to_an_application_pod(tmp_path: Path) -> N
     names = [c["name"] for c in pod["containers"]]
     assert names == ["app", "relmon"]
     relmon = pod["containers"][1]
-    assert relmon["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    # A sidecar's readiness is the application pod's: it must not follow monitoring.
+    assert relmon["readinessProbe"]["httpGet"]["path"] == "/readyz/traffic"
     volumes = {v["name"] for v in pod["volumes"]}
     mounts = {m["name"] for m in relmon["volumeMounts"]}
     assert mounts <= volumes

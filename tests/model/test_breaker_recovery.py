@@ -143,7 +143,13 @@ async def test_items_are_scored_again_and_health_is_honest(endpoint: Endpoint) -
         traffic_server=None,
         started=True,
     )
-    server = MetricsServer(registry, running.not_ready, port=0, before_scrape=service.publish)
+    server = MetricsServer(
+        registry,
+        running.not_ready,
+        port=0,
+        before_scrape=service.publish,
+        traffic_readiness=running.not_ready_for_traffic,
+    )
     await server.start()
     base = f"http://127.0.0.1:{server.bound_port}"
 
@@ -169,6 +175,11 @@ async def test_items_are_scored_again_and_health_is_honest(endpoint: Endpoint) -
                 assert resp.status == 503
                 body = await resp.json()
             assert any("circuit breaker" in r and "arith" in r for r in body["reasons"])
+            # The traffic path (a sidecar's or a proxy's readiness) does not stop with it.
+            async with http.get(f"{base}/readyz/traffic") as resp:
+                assert resp.status == 200
+                body = await resp.json()
+            assert any("circuit breaker" in r and "arith" in r for r in body["degraded"])
             async with http.get(f"{base}/metrics") as resp:
                 assert 'relmon_circuit_open{model="m",task="arith"} 1.0' in await resp.text()
 
@@ -183,6 +194,9 @@ async def test_items_are_scored_again_and_health_is_honest(endpoint: Endpoint) -
             assert service.stats.scored >= scored + 6
             async with http.get(f"{base}/readyz") as resp:
                 assert resp.status == 200
+            async with http.get(f"{base}/readyz/traffic") as resp:
+                assert resp.status == 200
+                assert (await resp.json())["degraded"] == []
             async with http.get(f"{base}/metrics") as resp:
                 assert 'relmon_circuit_open{model="m",task="arith"} 0.0' in await resp.text()
     finally:

@@ -119,6 +119,22 @@ a sidecar:  {{ include "relmon.sidecar" .Subcharts.relmon | nindent 8 }}
 (with relmon as a dependency of the application chart, mode: sidecar), next to
 {{ include "relmon.sidecar.volumes" .Subcharts.relmon | nindent 8 }} in its volumes.
 */}}
+{{/*
+The readiness probe's path. /readyz is 503 while monitoring is stopped (an open circuit
+breaker, a broker gone); /readyz/traffic only while relmon starts or stops. A sidecar's
+readiness is its pod's, and a proxy is in the live path: neither may take the
+application's traffic away because monitoring stopped, so they use /readyz/traffic.
+*/}}
+{{- define "relmon.readinessPath" -}}
+{{- if .Values.probes.readinessPath -}}
+{{ .Values.probes.readinessPath }}
+{{- else if or (eq .Values.mode "sidecar") (eq .Values.traffic.mode "proxy") -}}
+/readyz/traffic
+{{- else -}}
+/readyz
+{{- end -}}
+{{- end -}}
+
 {{- define "relmon.sidecar" -}}
 - name: relmon
   image: "{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}"
@@ -155,7 +171,7 @@ a sidecar:  {{ include "relmon.sidecar" .Subcharts.relmon | nindent 8 }}
     failureThreshold: 3
   readinessProbe:
     httpGet:
-      path: /readyz
+      path: {{ include "relmon.readinessPath" . }}
       port: relmon-metrics
     periodSeconds: {{ .Values.probes.readinessPeriodSeconds }}
     timeoutSeconds: 5

@@ -33,9 +33,7 @@ __all__ = [
     "conformal_threshold",
     "conformal_thresholds",
     "decay_weights",
-    "effective_calibration_size",
     "effective_sample_size",
-    "effective_size_from_sums",
     "inclusion_weights",
     "quantile_index",
     "reliability_level",
@@ -155,28 +153,6 @@ def effective_sample_size(weights: ArrayLike) -> float:
     return float(w.sum()) ** 2 / sq if sq > 0 else 0.0
 
 
-def effective_size_from_sums(total: float, sum_sq: float, test_weight: float) -> float:
-    """(Σw + w*)² / (Σw² + w*²) − 1 from Σw and Σw²: never below 0, 0 if w* is infinite.
-
-    Kish's effective size of the weights the level and thresholds normalise (the
-    calibration items and the test point), less the test point: ``n`` when every weight
-    equals w*, falling to 0 as the items' weights fade against w*. Computed as
-    (Σw² + 2 Σw w* − Σw²) / (Σw² + w*²) so that nothing cancels when w* dominates.
-    """
-    if not math.isfinite(test_weight):
-        return 0.0
-    denominator = sum_sq + test_weight * test_weight
-    if not (math.isfinite(denominator) and denominator > 0):
-        return 0.0
-    return max(0.0, (total * total + 2.0 * total * test_weight - sum_sq) / denominator)
-
-
-def effective_calibration_size(weights: ArrayLike, test_weight: float) -> float:
-    """:func:`effective_size_from_sums` of ``weights`` with the test weight ``w*``."""
-    w = np.asarray(weights, dtype=float)
-    return effective_size_from_sums(float(w.sum()), float((w * w).sum()), test_weight)
-
-
 def aci_update(alpha_t: float, alpha: float, err: bool | float, gamma: float) -> float:
     """Adaptive conformal inference (Gibbs & Candès 2021): a_{t+1} = a_t + gamma(alpha - err_t).
 
@@ -207,24 +183,21 @@ def reliability_lower_bound(successes: float, n: float, delta: float) -> float:
 def weighted_reliability_lower_bound(
     scores: ArrayLike, weights: ArrayLike, delta: float, test_weight: float | None = None
 ) -> float:
-    """Clopper–Pearson bound from effective counts.
+    """Clopper–Pearson bound from effective counts: n_eff = (Σw)²/Σw² items, n_eff times
+    the weighted rate successes.
 
-    Without ``test_weight``: n_eff = (Σw)²/Σw² items, n_eff times the weighted rate
-    successes. With the test weight w* (what the calibration window reports): the
-    weighted sample the level is computed from, the test point included and counted as
-    a miss (as the level counts it): :func:`effective_calibration_size` + 1 items, the
-    level times that many successes. After a long pause the items' weights fade against
-    w*, and the level, n_eff and this bound fall together.
+    With the test weight w* (what the calibration window reports) the bound is capped at
+    the weighted reliability level: when the items' weights have faded against w* (a
+    long pause without verdicts) the level falls, and the bound falls with it.
     """
     s = _scores(scores)
     w = _weights(s, weights, 1.0 if test_weight is None else test_weight)
     total = w.sum()
     if total <= 0:
         return 0.0
-    if test_weight is not None:
-        level = float(w[s <= 1.0].sum() / (total + test_weight))
-        n = effective_calibration_size(w, test_weight) + 1.0
-        return reliability_lower_bound(min(level * n, n), n, delta)
     n_eff = effective_sample_size(w)
     rate = min(1.0, float(w[s <= 1.0].sum() / total))
-    return reliability_lower_bound(rate * n_eff, n_eff, delta)
+    bound = reliability_lower_bound(rate * n_eff, n_eff, delta)
+    if test_weight is not None:
+        bound = min(bound, float(w[s <= 1.0].sum() / (total + test_weight)))
+    return bound

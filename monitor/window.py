@@ -21,13 +21,13 @@ function of the items held (their latest sampling time rounded down to a multipl
 on *which* items are held and ``now`` — never on the order they were added, evicted or
 reloaded in. A restart restores exactly the same thresholds.
 
-**Consistent at every moment.** Level, lower bound and effective size come from the
-same weights at the same ``now``, the test point's w* included: n_eff is Kish's
-effective size of those weights less the test point, (Σw + w*)²/(Σw² + w*²) − 1
-(n with equal weights), and the bound is Clopper–Pearson on that weighted sample
-(n_eff + 1 items, the test point counted as a miss as the level counts it, so
-successes = level × (n_eff + 1)). After a long pause without verdicts the items' weights
-fade against w*: the level, n_eff and the bound all fall towards 0 together.
+**Effective size and bound.** n_eff = (Σw)²/Σw² (Kish; n with equal weights; it does not
+change while every item ages alike). The lower bound is the one-sided Clopper–Pearson
+bound from the effective counts (n_eff items, n_eff × the weighted rate Σ_{s≤1}w/Σw
+successes), capped at the level: after a long pause without verdicts the items' weights
+fade against the test point's w*, the level falls towards 0 (the calibration is stale),
+and a lower bound above the level would claim more than the level itself, so the bound
+falls with it.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from monitor.conformal import effective_size_from_sums, reliability_lower_bound
+from monitor.conformal import reliability_lower_bound
 
 __all__ = ["CalibrationWindow", "OrderKey", "WindowSnapshot"]
 
@@ -227,12 +227,11 @@ class CalibrationWindow:
         thresholds = {a: _quantile(values, masses, denominator, 1.0 - a) for a in self.alphas}
         good = sum(m for v, m in zip(values, masses, strict=True) if v <= 1.0)
         level = good / denominator if math.isfinite(denominator) and denominator > 0 else 0.0
-        n_eff = effective_size_from_sums(total, self._sum_sq / (_ONE * _ONE), test)
-        if total <= 0:
-            n_eff = 0.0
-        # The weighted sample the level comes from: n_eff items and the test point, the
-        # test point counted as a miss as the level counts it.
-        bound = reliability_lower_bound(min(level * (n_eff + 1), n_eff + 1), n_eff + 1, self.delta)
+        sum_sq = self._sum_sq / (_ONE * _ONE)
+        n_eff = total * total / sum_sq if total > 0 and sum_sq > 0 else 0.0
+        rate = min(1.0, good / total) if total > 0 else 0.0
+        bound = reliability_lower_bound(rate * n_eff, n_eff, self.delta) if n_eff > 0 else 0.0
+        bound = min(bound, level)  # stale calibration: the bound follows the level down
         return WindowSnapshot(
             n=len(self._entries),
             n_eff=n_eff,

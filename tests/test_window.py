@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from monitor.conformal import (
     conformal_threshold,
     decay_weights,
-    effective_calibration_size,
+    effective_sample_size,
     reliability_level,
     weighted_reliability_level,
     weighted_reliability_lower_bound,
@@ -66,7 +66,7 @@ def test_matches_batch_weighted_formulas(recs, h, max_items) -> None:
     assert snap.reliability_level == pytest.approx(
         weighted_reliability_level(scores, w, test_weight=w_test), rel=1e-9, abs=1e-12
     )
-    assert snap.n_eff == pytest.approx(effective_calibration_size(w, w_test), rel=1e-9, abs=1e-9)
+    assert snap.n_eff == pytest.approx(effective_sample_size(w), rel=1e-9, abs=1e-9)
     if len(scores):
         assert snap.reliability_lower_bound == pytest.approx(
             weighted_reliability_lower_bound(scores, w, 0.05, test_weight=w_test),
@@ -187,9 +187,10 @@ def test_the_same_verdicts_in_any_order_give_the_same_snapshot(recs, h, max_item
         assert snap.thresholds[a] == weighted_threshold(scores, w, a, test_weight=w_test)
 
 
-def test_level_bound_and_n_eff_fall_together_after_a_long_pause() -> None:
-    """No verdicts for many half-lives: the test point's weight dominates, and the level,
-    the lower bound and n_eff all fall (they use the same weights at the same time)."""
+def test_level_and_bound_fall_together_after_a_long_pause() -> None:
+    """No verdicts for many half-lives: the test point's weight dominates and the level
+    falls; the lower bound never stays above it. n_eff = (Σw)²/Σw² does not change while
+    every item ages alike (the documented Kish size of the items' weights)."""
     h = 600.0
     window = CalibrationWindow(alphas=ALPHAS, max_items=1000, half_life_s=h)
     for i in range(300):
@@ -202,14 +203,22 @@ def test_level_bound_and_n_eff_fall_together_after_a_long_pause() -> None:
         snap = window.snapshot(300.0 + pause_half_lives * h)
         assert snap.n == 300  # the items are still held, but they weigh less and less
         assert snap.reliability_level < previous.reliability_level
-        assert snap.n_eff < previous.n_eff
+        assert snap.n_eff == pytest.approx(fresh.n_eff, rel=1e-9)
         assert snap.reliability_lower_bound <= previous.reliability_lower_bound
         assert snap.reliability_lower_bound <= snap.reliability_level
         previous = snap
     assert previous.reliability_level == 0.0
-    assert previous.n_eff == 0.0 and previous.reliability_lower_bound == 0.0
+    assert previous.reliability_lower_bound == 0.0
     assert all(m == math.inf for m in previous.thresholds.values())
     # Batch reference at one point of the pause.
     now = 300.0 + 8 * h
     w = decay_weights([now - i for i in range(300)], h)
-    assert window.snapshot(now).n_eff == pytest.approx(effective_calibration_size(w, 1.0))
+    snap = window.snapshot(now)
+    assert snap.n_eff == pytest.approx(effective_sample_size(w))
+    scores = np.ones(300)
+    assert snap.reliability_lower_bound == pytest.approx(
+        min(
+            weighted_reliability_lower_bound(scores, w, 0.05),
+            weighted_reliability_level(scores, w, test_weight=1.0),
+        )
+    )

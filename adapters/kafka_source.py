@@ -337,6 +337,8 @@ class KafkaConsumerBase:
         self.commit_failures = 0
         """Commits that failed (retried at the next interval); for tests and logs."""
         self.lag = ConsumerLag(lag_gauge, lag_interval_s, self._first_not_done)
+        self.restarts = 0
+        """How often :meth:`restart` connected again after a failure."""
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -432,6 +434,29 @@ class KafkaConsumerBase:
         self._parts.clear()
         self.lag.export({})
         log.info("kafka.stopped", topic=self._topic, group=self._group_id)
+
+    async def restart(self) -> None:
+        """After :meth:`run` failed: drop the clients and the progress, connect again and
+        rejoin the group. Nothing is committed first: the records after the last commit
+        are delivered again (at least once; the service knows those it already took)."""
+        if self._closed:
+            raise RuntimeError(f"{type(self).__name__} is stopped")
+        await self._close_clients()
+        self._consumer = self._producer = None
+        self._parts.clear()
+        self._failure = None
+        self._forget_progress()
+        self.lag.export({})
+        self.restarts += 1
+        await self.start()
+
+    def _forget_progress(self) -> None:
+        """Subclass hook: drop what :meth:`restart` makes stale."""
+
+    @property
+    def stopped(self) -> bool:
+        """:meth:`stop` was called."""
+        return self._closed
 
     @property
     def topic(self) -> str:
@@ -656,3 +681,6 @@ class KafkaEventSource(KafkaConsumerBase):
         await super()._on_revoked(revoked)
         for tp in revoked:
             self._held.pop(tp, None)
+
+    def _forget_progress(self) -> None:
+        self._held.clear()

@@ -32,7 +32,7 @@ from adapters.sqlite_store import SqliteStore
 from monitor.canon import get_canonicalizer
 from monitor.canon.base import Canonicalizer
 from monitor.config import Settings, TaskSettings, validate_settings
-from monitor.errors import ConfigError
+from monitor.errors import ConfigError, RelmonError
 from monitor.logs import configure_logging
 from monitor.metrics import Metrics
 from monitor.ports import CalibrationStore, ReviewQueue
@@ -47,6 +47,7 @@ __all__ = [
     "query_hash_key",
     "run_service",
     "start_service",
+    "supervise",
 ]
 
 QUERY_HASH_KEY_FILE = "query-hash.key"
@@ -341,7 +342,7 @@ async def start_service(settings: Settings, *, review_token: str | None = None) 
         await source.start()
         sources.append(source)
     running.tasks = [
-        asyncio.create_task(s.run(), name=f"relmon-{type(s).__name__}") for s in sources
+        asyncio.create_task(supervise(s), name=f"relmon-{type(s).__name__}") for s in sources
     ]
     log.info(
         "relmon_started",
@@ -353,6 +354,42 @@ async def start_service(settings: Settings, *, review_token: str | None = None) 
     )
     running.started = True
     return running
+
+
+async def supervise(source: Any, *, max_delay_s: float = 30.0) -> None:
+    """Run ``source`` until it stops; after a failure, restart it if it can.
+
+    A source with a ``restart`` method (the Kafka traffic source) is connected again
+    after 1, 2, 4 ... up to ``max_delay_s`` seconds until that works, then run again;
+    meanwhile ``/readyz`` reports it not connected. Other sources' failures are logged
+    and end their task.
+    """
+    while True:
+        try:
+            await source.run()
+            return
+        except RelmonError as exc:
+            restart = getattr(source, "restart", None)
+            log.error(
+                "source_failed",
+                source=type(source).__name__,
+                error=str(exc),
+                restarting=restart is not None,
+            )
+            if restart is None:
+                raise
+        delay = 1.0
+        while True:
+            await asyncio.sleep(delay)
+            if getattr(source, "stopped", False):
+                return
+            try:
+                await restart()
+                break
+            except RelmonError as exc:
+                log.warning("source_restart_failed", source=type(source).__name__, error=str(exc))
+                delay = min(2 * delay, max_delay_s)
+        log.info("source_restarted", source=type(source).__name__)
 
 
 def _activity(service: MonitorService) -> tuple[int, ...]:

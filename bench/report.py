@@ -335,8 +335,10 @@ def soak(doc: dict[str, Any] | None) -> list[str]:
         f"measured {doc['offered_factor_measured']:.1f}× (the items took "
         f"{doc['mean_samples_per_item']:.1f} samples on average). Load generator: an "
         "aiohttp client, open loop, in its own process, opening a new connection whenever "
-        "all are busy (as a mirroring proxy does); one request in ten also went to a bare "
-        "aiohttp handler answering 202, the baseline for latency in the same run.",
+        "all are busy (as a mirroring proxy does) up to "
+        + (f"{doc['max_connections']} connections" if doc.get("max_connections") else "no limit")
+        + "; one request in ten also went to a bare aiohttp handler answering 202, the "
+        "baseline for latency and memory in the same run.",
         "",
     ]
     rss_1 = doc["rss_after_1min_mb"]
@@ -349,6 +351,11 @@ def soak(doc: dict[str, Any] | None) -> list[str]:
             f"{doc['rss_start_mb']:.1f} / "
             + (f"{rss_1:.1f}" if rss_1 is not None else "n/a")
             + f" / {doc['rss_max_mb']:.1f} / {doc['rss_end_mb']:.1f} MB",
+        ],
+        [
+            "bare 202 handler's RSS start / max / end (baseline)",
+            f"{doc['bare_rss_start_mb']:.1f} / {doc['bare_rss_max_mb']:.1f} / "
+            f"{doc['bare_rss_end_mb']:.1f} MB",
         ],
         [
             "queue bounds held",
@@ -375,10 +382,13 @@ def soak(doc: dict[str, Any] | None) -> list[str]:
             f"{f['rejected']:,.0f} rejected",
         ],
         [
-            "every request answered and counted once",
-            f"{'yes' if doc['all_counted_once'] else 'NO'}: {doc['sent']:,} sent, answers "
-            + ", ".join(f"{k}: {v:,}" for k, v in doc["statuses"].items())
-            + f"; {doc['counted']:,.0f} counted",
+            "every request answered 202",
+            f"{'yes' if doc['all_answered'] else 'NO'}: {doc['sent']:,} sent, answers "
+            + ", ".join(f"{k}: {v:,}" for k, v in doc["statuses"].items()),
+        ],
+        [
+            "every 202 counted once",
+            f"{'yes' if doc['all_counted_once'] else 'NO'}: {doc['counted']:,.0f} counted",
         ],
         ["items scored / abandoned", f"{f['scored']:,.0f} / {f['abandoned']:,.0f}"],
         [

@@ -9,7 +9,9 @@ taking ``--model-latency-ms``), ``relmon run`` (mirror, one task, budget
 aiohttp handler answering 202 (the baseline: one request in ten is also sent to it, so
 the machine's own stalls show in its latency too), and this load generator (aiohttp,
 open loop: requests start on a fixed schedule whatever the latency; like a mirroring
-proxy it opens a new connection when every open one is busy). The request rate is
+proxy's connection pool it opens a new connection when every open one is busy, up to
+``--max-connections``, 256; past it a request waits for a free one, and its latency
+counts the wait). The request rate is
 chosen so that the sampled events would need ``budget-factor x calls-per-minute`` calls
 at the fewest samples an item can take (8, unanimous answers), so the real overload is
 at least that.
@@ -18,13 +20,13 @@ Every ``--scrape-every`` seconds it reads relmon's /metrics and the process's RS
 the end it checks what must hold under overload and reports it:
 
 - relmon's RSS at start (after start-up, before load), after the first minute, its
-  maximum and at the end;
+  maximum and at the end; the bare handler's beside it;
 - queue bounds held: items admitted but not finished (sampled - scored - abandoned)
   never above ``queue_size + max_in_flight``; after the first minute (the bucket starts
   full) the model saw no more calls a minute on average than the budget allows (a single
   minute may also hold the calls of items admitted before it began);
-- drops counted: every request sent was answered 202 and counted once, as sampled,
-  skipped, dropped or rejected;
+- drops counted: every request sent was answered 202, and every 202 counted once, as
+  sampled, skipped, dropped or rejected;
 - the mirror's latency: p50/p99 per interval and over the whole run, beside the bare
   handler's; requests over 1 s; connections opened; the kernel's count of connections
   dropped from a full listen queue during the run (machine-wide).
@@ -132,6 +134,8 @@ async def _soak(
     metrics_url: str,
     stats_url: str,
     pid: int,
+    bare_pid: int,
+    max_connections: int,
     rate: float,
     seconds: float,
     scrape_every: float,
@@ -148,8 +152,12 @@ async def _soak(
     control_latencies: list[float] = []
     statuses: dict[str, int] = {}
     timeline: list[dict[str, Any]] = []
-    connector = aiohttp.TCPConnector(limit=0)  # like a mirror: a new connection when all are busy
+    # Like a mirroring proxy's pool: up to max_connections, a new one when all are busy
+    # (0: no limit at all; then a stall of the machine ends in a burst of new connections).
+    connector = aiohttp.TCPConnector(limit=max_connections)
     opened = [0]
+    scrape_errors: dict[str, int] = {}
+    bare_rss = [benchlib.rss_kb(bare_pid)]
 
     async def on_connection(*_: Any) -> None:
         opened[0] += 1
@@ -157,9 +165,12 @@ async def _soak(
     trace = aiohttp.TraceConfig()
     trace.on_connection_create_end.append(on_connection)
     overflows_start = benchlib.listen_overflows()
-    async with aiohttp.ClientSession(connector=connector, trace_configs=[trace]) as session:
+    async with (
+        aiohttp.ClientSession(connector=connector, trace_configs=[trace]) as session,
+        aiohttp.ClientSession() as scrape_session,  # its own connections: never queued
+    ):
         rss_start = benchlib.rss_kb(pid)
-        calls_start = json.loads(await _get(session, stats_url))["calls"]
+        calls_start = json.loads(await _get(scrape_session, stats_url))["calls"]
         t0 = time.perf_counter() + 0.2
 
         async def one(body: bytes) -> None:
@@ -189,9 +200,17 @@ async def _soak(
             while True:
                 await asyncio.sleep(max(0.0, next_at - time.perf_counter()))
                 next_at += scrape_every
-                text = await _get(session, metrics_url)
-                calls = json.loads(await _get(session, stats_url))["calls"] - calls_start
+                try:
+                    text = await _get(scrape_session, metrics_url)
+                    calls = json.loads(await _get(scrape_session, stats_url))["calls"]
+                except (aiohttp.ClientError, TimeoutError) as exc:
+                    name = type(exc).__name__
+                    scrape_errors[name] = scrape_errors.get(name, 0) + 1
+                    continue
+                calls -= calls_start
+                bare_rss.append(benchlib.rss_kb(bare_pid))
                 row = {"t": round(time.perf_counter() - t0, 1), "rss_kb": benchlib.rss_kb(pid)}
+                row["bare_rss_kb"] = bare_rss[-1]
                 row |= _counts(text) | {"model_calls": calls}
                 row["in_system"] = row["sampled"] - row["scored"] - row["abandoned"]
                 recent = [x[1] for x in latencies[seen:]]
@@ -234,10 +253,13 @@ async def _soak(
         scrape_task.cancel()
         await asyncio.gather(scrape_task, return_exceptions=True)
         await asyncio.sleep(1.0)  # let the last events be counted
-        final = _counts(await _get(session, metrics_url))
-        final_calls = json.loads(await _get(session, stats_url))["calls"] - calls_start
+        final = _counts(await _get(scrape_session, metrics_url))
+        final_calls = json.loads(await _get(scrape_session, stats_url))["calls"] - calls_start
         rss_end = benchlib.rss_kb(pid)
+        bare_rss.append(benchlib.rss_kb(bare_pid))
     return {
+        "scrape_errors": scrape_errors,
+        "bare_rss_kb": bare_rss,
         "connections_opened": opened[0],
         "listen_overflows": _delta(benchlib.listen_overflows(), overflows_start),
         "sent": n,
@@ -304,6 +326,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     metrics_url=f"http://127.0.0.1:{ports['metrics']}/metrics",
                     stats_url=f"http://127.0.0.1:{stats_port}/stats",
                     pid=relmon.pid,
+                    bare_pid=bare.pid,
+                    max_connections=args.max_connections,
                     rate=rate,
                     seconds=args.seconds,
                     scrape_every=args.scrape_every,
@@ -352,7 +376,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "sent": out["sent"],
         "statuses": out["statuses"],
         "counted": counted,
-        "all_counted_once": counted == out["sent"],
+        "all_answered": out["statuses"].get("202", 0) == out["sent"],
+        "all_counted_once": counted == out["statuses"].get("202", 0),
+        "scrape_errors": out["scrape_errors"],
+        "max_connections": args.max_connections,
+        "bare_rss_start_mb": out["bare_rss_kb"][0] / 1024,
+        "bare_rss_max_mb": max(out["bare_rss_kb"]) / 1024,
+        "bare_rss_end_mb": out["bare_rss_kb"][-1] / 1024,
         "final": final,
         "dropped_share_of_sampled": final["dropped"] / offered_items if offered_items else 0.0,
         "rss_start_mb": out["rss_start_kb"] / 1024,
@@ -393,6 +423,13 @@ def main() -> None:
     parser.add_argument("--sampling-rate", type=float, default=0.02)
     parser.add_argument("--model-latency-ms", type=float, default=100.0)
     parser.add_argument("--scrape-every", type=float, default=10.0)
+    parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=256,
+        help="the load generator's connection pool (0: unbounded, a new connection whenever "
+        "all are busy)",
+    )
     parser.add_argument("--quick", action="store_true", help="4 s (a smoke test)")
     parser.add_argument("--json", type=Path, help="write the results as JSON to this file")
     parser.add_argument("--serve-model", type=float, help=argparse.SUPPRESS)

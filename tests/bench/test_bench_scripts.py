@@ -138,7 +138,9 @@ def test_core_bench(quick: tuple[Path, dict[str, str | None]]) -> None:
 def test_soak(quick: tuple[Path, dict[str, str | None]]) -> None:
     doc = doc_of(quick, "soak")
     assert doc["statuses"] == {"202": doc["sent"]}
-    assert doc["all_counted_once"] and doc["counted"] == doc["sent"]
+    assert doc["all_answered"] and doc["all_counted_once"] and doc["counted"] == doc["sent"]
+    assert doc["scrape_errors"] == {}
+    assert positive(doc["bare_rss_start_mb"]) and doc["bare_rss_end_mb"] <= doc["bare_rss_max_mb"]
     assert doc["queue_bound_held"] and doc["in_system_max"] <= doc["in_system_bound"]
     assert doc["relmon_alive_at_end"]
     assert positive(doc["rss_start_mb"]) and positive(doc["rss_end_mb"])

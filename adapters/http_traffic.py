@@ -53,6 +53,7 @@ from monitor.ports import EventSink
 
 __all__ = [
     "HOP_BY_HOP_HEADERS",
+    "LISTEN_BACKLOG",
     "RejectCallback",
     "TaskResolver",
     "TrafficServer",
@@ -78,6 +79,12 @@ _MAX_REQUEST_ID = 256
 _WHOLE_BODY_BYTES = 65_536
 _MAX_INFLATED_BYTES = 16 * 1_048_576
 _log = structlog.get_logger(__name__)
+
+LISTEN_BACKLOG = 1024
+"""Pending connections the traffic port queues (aiohttp's default is 128; the kernel caps
+it at net.core.somaxconn). A mirror opens a connection per copy when its pool is busy:
+after a stall of the machine, a queue of 128 dropped SYNs, and the mirror's copies were
+lost before relmon could count them (measured in bench/soak.py --max-connections 0)."""
 
 
 def is_chat_completions_path(path: str) -> bool:
@@ -279,7 +286,7 @@ class TrafficServer:
                 app, handle_signals=False, access_log=None, shutdown_timeout=self._shutdown_timeout
             )
         await runner.setup()
-        site = web.TCPSite(runner, self._host, self._port)
+        site = web.TCPSite(runner, self._host, self._port, backlog=LISTEN_BACKLOG)
         try:
             await site.start()
         except OSError as exc:

@@ -22,6 +22,7 @@ import pytest
 from yarl import URL
 
 from adapters.http_traffic import (
+    LISTEN_BACKLOG,
     TrafficServer,
     header_task_resolver,
     is_chat_completions_path,
@@ -184,6 +185,25 @@ async def test_mirror_only_takes_chat_completions(
     async with client.post(f"{base}/v1/embeddings", json=CHAT) as r:
         assert r.status == 404
     assert recorder.events == [] and recorder.rejects == []
+
+
+async def test_the_traffic_port_queues_a_burst_of_connections(start_traffic: StartTraffic) -> None:
+    """A mirror opens a connection per copy when its pool is busy: the listen queue holds
+    LISTEN_BACKLOG of them (aiohttp's default 128 dropped SYNs after a stall).
+    ``ss`` shows a listening socket's queue limit as its Send-Q."""
+    import subprocess
+    from pathlib import Path
+
+    server = await start_traffic("mirror", Recorder())
+    listed = await asyncio.to_thread(
+        subprocess.run,
+        ["ss", "-Hltn", f"sport = :{server.bound_port}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    somaxconn = await asyncio.to_thread(Path("/proc/sys/net/core/somaxconn").read_text)
+    assert int(listed.stdout.split()[2]) == min(LISTEN_BACKLOG, int(somaxconn)) > 128
 
 
 def test_header_task_resolver() -> None:

@@ -4,7 +4,7 @@
 # or without pip's cache; bench/demo_time.py measures it).
 # `make demo DEMO_ARGS="--drift-after 40"` passes flags to `relmon demo`.
 # `make test` adds the real components the tests run against: Debian packages
-# (Prometheus, Alertmanager, nginx, Chromium, wrk), the test tools, torch (CPU) and a
+# (Prometheus, Alertmanager, nginx, Chromium, wrk, iproute2), the test tools, torch (CPU) and a
 # llama.cpp server for the real-model tests (built once, ~5 minutes; pip caches it).
 # `make bench` regenerates bench/RESULTS.md (about 5 minutes; not part of `make test`);
 # `make soak` is the 10-minute overload soak (`make soak SOAK_SECONDS=120` to shorten).

@@ -69,6 +69,11 @@ class KafkaVerdictConsumer:
       reason ``no review item ... within N s``, ``reject("unknown", reason)``.
 
     Verdicts still waiting at :meth:`stop` are not lost: the next start replays them.
+
+    After :meth:`run` failed (a dead-letter write the broker did not acknowledge, a
+    failed read), :meth:`restart` connects again and goes on from the first record not
+    handled yet: the waiting verdicts keep waiting, and the dead letters whose write
+    failed are written first, so nothing is handled twice and nothing is skipped.
     """
 
     source_name = "verdicts"
@@ -109,6 +114,8 @@ class KafkaVerdictConsumer:
         self._next: dict[TopicPartition, int] = {}
         self._assigned: frozenset[TopicPartition] = frozenset()
         self._waiting: dict[str, list[_Waiting]] = {}
+        self._undelivered: list[tuple[Any, str, str]] = []
+        """Dead letters not written yet (record, reason, kind): tried at the next run."""
         self._stopping = asyncio.Event()
         self._run_exited = asyncio.Event()
         self._run_exited.set()
@@ -116,6 +123,8 @@ class KafkaVerdictConsumer:
         self._closed = False
         self.dead_letters = 0
         """Verdicts this consumer dead-lettered (for tests and logs)."""
+        self.restarts = 0
+        """How often :meth:`restart` connected again after a failure."""
         self.lag = ConsumerLag(lag_gauge, lag_interval_s, self._next_offset)
 
     @property
@@ -127,6 +136,37 @@ class KafkaVerdictConsumer:
         """Connect, and take over the store's replay: its positions and leftovers."""
         if self._consumer is not None:
             raise RuntimeError("KafkaVerdictConsumer already started")
+        self._next = dict(self._store.positions)
+        await self._connect()
+        deadline = asyncio.get_running_loop().time() + self._wait_s
+        for record, verdict in self._store.waiting:
+            self._park(record, verdict, deadline)
+        self._store.waiting.clear()
+        log.info("kafka.started", topic=",".join(self._store.topics), group=None)
+
+    async def restart(self) -> None:
+        """After :meth:`run` failed: drop the clients and connect again, keeping the
+        positions, the waiting verdicts and the dead letters not written yet; the next
+        :meth:`run` goes on from the first record not handled."""
+        if self._closed:
+            raise RuntimeError("KafkaVerdictConsumer is stopped")
+        await self._close_clients()
+        self._consumer = self._producer = None
+        self._assigned = frozenset()
+        self._failure = None
+        self.lag.export({})
+        self.restarts += 1
+        await self._connect()
+        if self.stopped:  # stopped while connecting: stop() closed the old clients only
+            await self._close_clients()
+
+    @property
+    def stopped(self) -> bool:
+        """:meth:`stop` was called."""
+        return self._closed
+
+    async def _connect(self) -> None:
+        """Start the clients and assign the partitions at ``_next``."""
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=self._store.bootstrap_servers,
             group_id=None,
@@ -141,19 +181,14 @@ class KafkaVerdictConsumer:
         try:
             await self._consumer.start()
             await self._producer.start()
-            self._next = dict(self._store.positions)
             await self._assign()
         except KafkaError as exc:
             await self._close_clients()
             self._consumer = self._producer = None
+            self._assigned = frozenset()
             raise KafkaUnavailableError(
                 f"cannot reach Kafka at {self._store.bootstrap_servers}: {type(exc).__name__}"
             ) from exc
-        deadline = asyncio.get_running_loop().time() + self._wait_s
-        for record, verdict in self._store.waiting:
-            self._park(record, verdict, deadline)
-        self._store.waiting.clear()
-        log.info("kafka.started", topic=",".join(self._store.topics), group=None)
 
     async def run(self) -> None:
         """Follow the topics until :meth:`stop`; raises :class:`KafkaUnavailableError`."""
@@ -169,8 +204,10 @@ class KafkaVerdictConsumer:
         lag_task = asyncio.create_task(self.lag.loop(consumer, self._store.verdict_topic))
         try:
             unreadable, self._store.unreadable = self._store.unreadable, []
-            for record, reason in unreadable:
-                await self._dead_letter(record, reason, "invalid")
+            undelivered, self._undelivered = self._undelivered, []
+            undelivered += [(record, reason, "invalid") for record, reason in unreadable]
+            for record, reason, kind in undelivered:
+                await self._dead_letter(record, reason, kind)
             while not self._stopping.is_set():
                 if self._failure is not None:
                     raise self._failure
@@ -207,8 +244,12 @@ class KafkaVerdictConsumer:
             log.warning("kafka.stop_timeout", topic=self._store.verdict_topic)
         await self._close_clients()
         self.lag.export({})
-        if self._waiting:
-            log.info("kafka.verdicts_left_waiting", verdicts=self.waiting)
+        if self._waiting or self._undelivered:  # both replayed at the next start
+            log.info(
+                "kafka.verdicts_left_waiting",
+                verdicts=self.waiting,
+                dead_letters_not_written=len(self._undelivered),
+            )
         log.info("kafka.stopped", topic=",".join(self._store.topics), group=None)
 
     @property
@@ -298,7 +339,14 @@ class KafkaVerdictConsumer:
                     await self._dead_letter(w.record, reason, "unknown")
 
     async def _dead_letter(self, record: Any, reason: str, kind: str) -> None:
-        """Produce a refused verdict to the dead-letter topic (acknowledged), count it."""
+        """Produce a refused verdict to the dead-letter topic (acknowledged), count it.
+
+        If the write fails, :meth:`run` fails at its next step and this dead letter and
+        those after it are kept for the run after :meth:`restart`.
+        """
+        if self._failure is not None:
+            self._undelivered.append((record, reason, kind))
+            return
         headers = dead_letter_headers(
             reason, record.topic, record.partition, record.offset, "verdicts"
         )
@@ -312,8 +360,8 @@ class KafkaVerdictConsumer:
         except KafkaError as exc:
             message = f"dead-letter send to {self._dlq_topic} failed: {type(exc).__name__}"
             log.error("kafka.failed", topic=self._store.verdict_topic, error=message)
-            if self._failure is None:
-                self._failure = KafkaUnavailableError(message)
+            self._failure = KafkaUnavailableError(message)
+            self._undelivered.append((record, reason, kind))
             return
         self._store.mark_dead_lettered(record.partition, record.offset)
         self.dead_letters += 1

@@ -359,10 +359,10 @@ async def start_service(settings: Settings, *, review_token: str | None = None) 
 async def supervise(source: Any, *, max_delay_s: float = 30.0) -> None:
     """Run ``source`` until it stops; after a failure, restart it if it can.
 
-    A source with a ``restart`` method (the Kafka traffic source) is connected again
-    after 1, 2, 4 ... up to ``max_delay_s`` seconds until that works, then run again;
-    meanwhile ``/readyz`` reports it not connected. Other sources' failures are logged
-    and end their task.
+    A source with a ``restart`` method (the Kafka traffic source, the verdict follower)
+    is connected again after 1, 2, 4 ... up to ``max_delay_s`` seconds until that works,
+    then run again; meanwhile ``/readyz`` reports it not connected. Other sources'
+    failures are logged and end their task.
     """
     while True:
         try:

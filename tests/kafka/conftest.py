@@ -24,9 +24,13 @@ STARTUP_TIMEOUT_S = 30.0
 ATTEMPTS = 3  # a free port can be taken between probing it and the broker binding it
 
 
-def spawn_broker(port: int, log_dir: Path) -> subprocess.Popen[bytes]:
-    """A Tansu broker on 127.0.0.1:``port`` (in memory), logging to ``log_dir``."""
+def spawn_broker(
+    port: int, log_dir: Path, *, advertised_port: int | None = None
+) -> subprocess.Popen[bytes]:
+    """A Tansu broker on 127.0.0.1:``port`` (in memory), logging to ``log_dir``; it
+    tells clients to connect to ``advertised_port`` if given (a relay in front of it)."""
     url = f"tcp://127.0.0.1:{port}"
+    advertised = url if advertised_port is None else f"tcp://127.0.0.1:{advertised_port}"
     with open(log_dir / f"tansu-{port}.log", "ab") as log:
         return subprocess.Popen(
             [
@@ -35,7 +39,7 @@ def spawn_broker(port: int, log_dir: Path) -> subprocess.Popen[bytes]:
                 "--listener-url",
                 url,
                 "--advertised-listener-url",
-                url,
+                advertised,
                 "--storage-engine",
                 "memory://tansu/",
             ],

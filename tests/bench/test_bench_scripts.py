@@ -150,6 +150,33 @@ def test_soak(quick: tuple[Path, dict[str, str | None]]) -> None:
     assert doc["rss_start_mb"] <= doc["rss_max_mb"] and doc["rss_end_mb"] <= doc["rss_max_mb"]
 
 
+@pytest.mark.timeout(300)
+def test_kafka_scale_bench(tmp_path: Path) -> None:
+    """``make bench-kafka`` in its quick mode (its own broker, relmon replicas and model;
+    not part of ``make bench``, so not in the report): every field, ratios positive."""
+    out = tmp_path / "kafka_scale.json"
+    error = run_quick("kafka_scale_bench.py", out)
+    assert error is None, error
+    doc = json.loads(out.read_text())
+    assert doc["benchmark"] == "kafka_scale" and doc["quick"] is True
+    for key in ("cpu", "cores", "python", "date", "loadavg"):
+        assert key in doc["machine"], key
+    replicas = doc["replicas"]
+    assert replicas["events"] > 0 and replicas["partitions"] >= 1 and replicas["repeats"] == 1
+    for n in ("1", "2"):
+        rates = replicas["events_per_s"][n]
+        assert len(rates) == 1 and all(positive(r) for r in rates)
+        assert replicas["median_events_per_s"][n] == rates[0]
+    medians = replicas["median_events_per_s"]
+    assert replicas["ratio_2_to_1"] == pytest.approx(medians["2"] / medians["1"])
+    assert positive(replicas["ratio_2_to_1"])
+    [replay] = doc["replay"]
+    assert replay["verdicts"] > 0
+    assert positive(replay["bare_s"]) and positive(replay["relmon_s"])
+    assert replay["ratio"] == pytest.approx(replay["relmon_s"] / replay["bare_s"])
+    assert positive(replay["ratio"])
+
+
 @pytest.mark.timeout(900)
 def test_report_renders_the_quick_results(
     quick: tuple[Path, dict[str, str | None]], tmp_path: Path

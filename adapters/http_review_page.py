@@ -3,7 +3,8 @@
 Routes (everything under ``/api`` needs the review token as a bearer header, checked
 by :class:`adapters.http_review.ReviewServer`; the page and its two static files do not)::
 
-    GET    /review, /review/review.js, /review/review.css   the page (package data)
+    GET    /review, /review/review.js, /review/review.css   the page (package data);
+           /review/ redirects to ../review
     GET    /api/reviews/next?session=S&exclude=ID...        :meth:`ReviewPage.next_item`:
            the oldest waiting item nobody else holds, leased to session S
     POST   /api/review-page/verdicts/{id}?session=S        hold a verdict for the undo
@@ -21,6 +22,11 @@ to the calibration window, the counters and the alarm. Counters cannot go down a
 sequential alarm cannot take an observation back, so nothing is ever removed from the
 window; a verdict withdrawn in time was simply never applied. Held verdicts are stored
 (SQLite), so one held when relmon stops is applied after the restart.
+
+Every address the page and its script use is relative to the page (``review/review.js``,
+``api/reviews/next``...), so relmon can be served under a sub-path by a reverse proxy
+that strips the prefix (``https://tools.example.com/relmon/review``) with nothing to
+configure; the redirect from ``/review/`` is relative for the same reason.
 
 The token stays in the tab's ``sessionStorage`` and travels only in the
 ``Authorization`` header: never in a URL, never in a cookie, so the browser never
@@ -152,6 +158,7 @@ class ReviewPage:
     def add_routes(self, app: web.Application) -> None:
         for path in self._files:
             app.router.add_get(path, self._static)
+        app.router.add_get("/review/", self._to_page)
         app.router.add_get("/api/review-page/progress", self._progress_route)
         app.router.add_post("/api/review-page/verdicts/{item_id:.+}", self._hold)
         app.router.add_delete("/api/review-page/verdicts/{item_id:.+}", self._undo)
@@ -205,6 +212,11 @@ class ReviewPage:
     async def _static(self, request: web.Request) -> web.StreamResponse:
         body, ctype = self._files[request.path]
         return web.Response(body=body, content_type=ctype, charset="utf-8", headers=PAGE_HEADERS)
+
+    async def _to_page(self, request: web.Request) -> web.StreamResponse:
+        # Relative, so that it stays under whatever prefix a proxy serves relmon at; the
+        # page's relative addresses resolve correctly only without the trailing slash.
+        raise web.HTTPFound("../review", headers=PAGE_HEADERS)
 
     async def next_item(self, request: web.Request) -> web.StreamResponse:
         """``GET /api/reviews/next``: lease the next item to the caller's session (API

@@ -43,6 +43,8 @@
 
   class Unauthorized extends Error {}
 
+  // Paths are relative ("api/..."): they resolve against the page's address, so the page
+  // works under whatever prefix a reverse proxy serves relmon at (say /relmon/review).
   async function api(method, path, body) {
     const headers = {"Authorization": "Bearer " + token()};
     const init = {method, headers, cache: "no-store", credentials: "omit"};
@@ -147,7 +149,7 @@
   async function fetchNext() {
     let q = sessionQuery();
     for (const id of excluded()) q += "&exclude=" + enc(id);
-    const r = await api("GET", "/api/reviews/next" + q);
+    const r = await api("GET", "api/reviews/next" + q);
     if (r.status === 204) return null;
     if (!r.ok) throw new Error("Error " + r.status + ": " + await errorText(r));
     return await r.json();
@@ -198,7 +200,7 @@
     verdict.reviewer = reviewer();
     state.busy = true;
     try {
-      const r = await api("POST", "/api/review-page/verdicts/" + enc(d.item_id) + sessionQuery(), verdict);
+      const r = await api("POST", "api/review-page/verdicts/" + enc(d.item_id) + sessionQuery(), verdict);
       if (r.status === 202) {
         const body = await r.json();
         state.last = {id: d.item_id, until: Date.now() + body.undo_s * 1000};
@@ -227,7 +229,7 @@
     state.busy = true;
     try {
       state.skipped.push(d.item_id);
-      await api("POST", "/api/review-page/release/" + enc(d.item_id) + sessionQuery());
+      await api("POST", "api/review-page/release/" + enc(d.item_id) + sessionQuery());
       say("Skipped.");
       await advance();
     } catch (e) { say(e.message); } finally { state.busy = false; }
@@ -239,7 +241,7 @@
     if (Date.now() > last.until) { say("Too late to undo: the verdict has been applied."); return; }
     state.busy = true;
     try {
-      const r = await api("DELETE", "/api/review-page/verdicts/" + enc(last.id) + sessionQuery());
+      const r = await api("DELETE", "api/review-page/verdicts/" + enc(last.id) + sessionQuery());
       if (!r.ok) { say("Could not undo: " + await errorText(r)); state.last = null; return; }
       const body = await r.json();
       state.last = null;
@@ -263,7 +265,7 @@
   }
   async function refreshProgress() {
     try {
-      const r = await api("GET", "/api/review-page/progress");
+      const r = await api("GET", "api/review-page/progress");
       if (!r.ok) return;
       const p = await r.json();
       state.leaseMs = p.lease_s * 1000;

@@ -201,8 +201,9 @@ async def test_review_page_is_served_without_token_and_self_contained(api: Api) 
     assert 'id="correct-answer"' in page and "RELMON_REVIEW_TOKEN" in page
     assert "http://" not in page and "https://" not in page
     # Only same-origin assets, and no inline code: the policy forbids it.
-    assert re.findall(r'<script[^>]*src="([^"]+)"', page) == ["/review/review.js"]
-    assert re.findall(r'<link[^>]*href="([^"]+)"', page) == ["/review/review.css"]
+    # Relative to the page, so that a proxy can serve relmon under any prefix.
+    assert re.findall(r'<script[^>]*src="([^"]+)"', page) == ["review/review.js"]
+    assert re.findall(r'<link[^>]*href="([^"]+)"', page) == ["review/review.css"]
     assert not re.search(r"<script[^>]*>[^<\s]", page) and "<style" not in page
     assert not re.search(r"<[^>]+\son[a-z]+=", page)  # no inline event handlers
     assert "default-src 'none'" in csp and "script-src 'self'" in csp
@@ -217,6 +218,18 @@ async def test_review_page_is_served_without_token_and_self_contained(api: Api) 
         script = await r.text()
     assert "innerHTML" not in script and "eval(" not in script  # model text as text only
     assert "sessionStorage" in script and "Authorization" in script
+    # Every request the script makes is relative to the page: no "/api/..." or "//host".
+    assert re.findall(r'api\("[A-Z]+", "([^"]*)', script)
+    assert all(p.startswith("api/") for p in re.findall(r'api\("[A-Z]+", "([^"]*)', script))
+    assert not re.search(r'["\'`]/', script)
+
+
+async def test_review_page_with_a_trailing_slash_redirects_relatively(api: Api) -> None:
+    async with api.http.get(f"{api.base}/review/", allow_redirects=False) as r:
+        assert r.status == 302
+        assert r.headers["Location"] == "../review"  # stays under a proxy's prefix
+    async with api.http.get(f"{api.base}/review/") as r:
+        assert r.status == 200 and str(r.url) == f"{api.base}/review"
 
 
 async def test_an_empty_token_is_refused() -> None:

@@ -2,9 +2,13 @@
 Playwright) against a real ``relmon demo --no-auto-review``.
 
 The browser runs at 200% zoom (a 640 CSS-pixel wide viewport at device scale 2, what a
-1280-pixel window shows zoomed to 200%). A reviewer signs in, reviews 20 items with the
-keyboard only (several answers accepted once, "none of these" on some, one verdict
-undone and given again) while a second tab holds its own item; then the verdicts are
+1280-pixel window shows zoomed to 200%). A reviewer opens the page through a reverse
+proxy that serves relmon under ``/relmon/`` (it strips the prefix, as a site's proxy
+would), signs in, shows and hides the keys (``?``), skips an item (``s``), and reviews 20
+items with the keyboard only (several answers accepted once, "none of these" on some,
+one verdict undone and given again) while a second tab, straight on relmon's port,
+holds its own item; then the skipped item is checked to be back in the queue without a
+verdict, and the verdicts are
 checked through the review API and /metrics (reviews counted, the calibration window
 grown by 20, the reliability level equal to an independent computation from the
 verdicts), a screenshot is saved (test-artifacts/review-page.png) and checked not to be
@@ -14,6 +18,7 @@ blank, and an export/import round trip is checked to restore the same thresholds
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -22,6 +27,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -33,6 +39,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from aiohttp import ClientSession, ClientTimeout, web
 from PIL import Image
 from playwright.sync_api import Browser, Page, sync_playwright
 from prometheus_client.parser import text_string_to_metric_families
@@ -149,6 +156,12 @@ def demo(tmp_path: Path) -> Iterator[Demo]:
 
 
 @pytest.fixture
+def proxy(demo: Demo) -> Iterator[Proxy]:
+    with prefix_proxy(demo.review) as p:
+        yield p
+
+
+@pytest.fixture
 def browser() -> Iterator[Browser]:
     with sync_playwright() as p:
         b = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
@@ -165,13 +178,107 @@ def new_tab(browser: Browser) -> Page:
     return page
 
 
-def sign_in(page: Page, base: str, token: str, name: str) -> None:
-    page.goto(f"{base}/review")
+def sign_in(page: Page, base: str, token: str, name: str, path: str = "review") -> None:
+    page.goto(f"{base}/{path}")
     page.locator("#token").focus()
     page.keyboard.type(token)
     page.keyboard.press("Tab")
     page.keyboard.type(name)
     page.keyboard.press("Enter")
+
+
+PREFIX = "/relmon/"
+_HOP_BY_HOP = {
+    "connection",
+    "keep-alive",
+    "transfer-encoding",
+    "te",
+    "upgrade",
+    "proxy-authorization",
+    "proxy-connection",
+    "trailer",
+    "host",
+    "content-length",
+}
+
+
+@dataclass
+class Proxy:
+    base: str  # where relmon appears: http://127.0.0.1:PORT/relmon
+    forwarded: list[str]  # the paths sent on to relmon
+    refused: list[str]  # the paths outside the prefix (answered 404 here)
+
+
+@contextlib.contextmanager
+def prefix_proxy(target: str) -> Iterator[Proxy]:
+    """A reverse proxy on its own thread and event loop that serves ``target`` under
+    ``/relmon/`` (``/relmon/x`` -> ``target/x``) and answers anything else 404, as a
+    site's proxy mounting relmon on a sub-path does. Headers and bodies pass unchanged
+    (a ``Location`` too: relmon's redirects must be relative to work behind it)."""
+    forwarded: list[str] = []
+    refused: list[str] = []
+    loop = asyncio.new_event_loop()
+    ready = threading.Event()
+    state: dict[str, Any] = {}
+
+    async def forward(request: web.Request) -> web.StreamResponse:
+        if not request.path.startswith(PREFIX):
+            refused.append(request.path_qs)
+            return web.Response(status=404, text="not under the prefix")
+        path_qs = request.raw_path[len(PREFIX) - 1 :]
+        forwarded.append(path_qs)
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
+        session: ClientSession = state["session"]
+        async with session.request(
+            request.method,
+            target + path_qs,
+            headers=headers,
+            data=await request.read(),
+            allow_redirects=False,
+        ) as r:
+            body = await r.read()
+            out = {k: v for k, v in r.headers.items() if k.lower() not in _HOP_BY_HOP}
+            return web.Response(status=r.status, body=body, headers=out)
+
+    async def start() -> None:
+        state["session"] = ClientSession(timeout=ClientTimeout(total=60), auto_decompress=False)
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", forward)
+        runner = web.AppRunner(app, handle_signals=False)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        state["runner"] = runner
+        state["port"] = runner.addresses[0][1]
+
+    async def stop() -> None:
+        await state["runner"].cleanup()
+        await state["session"].close()
+
+    def run() -> None:
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(start())
+        except BaseException as exc:  # reported by the test's thread
+            state["error"] = exc
+            ready.set()
+            loop.close()
+            return
+        ready.set()
+        loop.run_forever()
+        loop.run_until_complete(stop())
+        loop.close()
+
+    thread = threading.Thread(target=run, name="prefix-proxy", daemon=True)
+    thread.start()
+    assert ready.wait(60), "the proxy did not start"
+    if "error" in state:
+        raise state["error"]
+    try:
+        yield Proxy(f"http://127.0.0.1:{state['port']}{PREFIX.rstrip('/')}", forwarded, refused)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(60)
 
 
 def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
@@ -228,7 +335,7 @@ def window_from(records: Any) -> CalibrationWindow:
 
 
 def test_keyboard_review_of_20_items_with_undo(
-    demo: Demo, browser: Browser, tmp_path: Path
+    demo: Demo, proxy: Proxy, browser: Browser, tmp_path: Path
 ) -> None:
     wait_until(
         lambda: demo.value("relmon_review_queue_depth") >= 25,
@@ -242,20 +349,46 @@ def test_keyboard_review_of_20_items_with_undo(
     sign_in(other, demo.review, TOKEN, "Bob")
     held_by_other = (other.wait_for_selector("#item[data-item]")).get_attribute("data-item")
     page = new_tab(browser)
-    sign_in(page, demo.review, TOKEN, "Ada")
+    requested: list[str] = []
+    page.on("request", lambda r: requested.append(r.url))
+    # Through the proxy's sub-path, by the address with a trailing slash (redirected).
+    sign_in(page, proxy.base, TOKEN, "Ada", path="review/")
     page.wait_for_selector("#item[data-item]")
+    assert page.url == f"{proxy.base}/review"
     assert "Ada" in page.locator("#who").inner_text()
     # Progress: the task, how many wait, and the minimum for the target (alpha 0.2 -> 4).
     row = page.locator("#progress tr[data-task='arithmetic']")
     assert "more needed" in row.inner_text()
     assert (row.locator("td").nth(4).inner_text()).startswith("4")
 
+    # ? shows the keys and hides them again.
+    keys = page.locator("#help")
+    assert keys.is_hidden()
+    page.keyboard.press("?")
+    keys.wait_for(state="visible")
+    assert keys.locator("dt").all_inner_texts() == ["1\u20139", "0", "Enter", "s", "u", "?"]
+    assert "skip" in keys.inner_text() and "undo" in keys.inner_text()
+    page.keyboard.press("?")
+    keys.wait_for(state="hidden")
+
+    # s skips: another item appears; the skipped one gets no verdict and goes back to
+    # the queue for someone else (this tab does not show it again).
+    skipped = page.locator("#item").get_attribute("data-item")
+    assert skipped
+    page.keyboard.press("s")
+    page.wait_for_function(
+        "id => { const d = document.getElementById('item').dataset.item;"
+        " return d !== undefined && d !== id; }",
+        arg=skipped,
+    )
+    assert page.locator("#status").inner_text() == "Skipped."
+
     expected: dict[str, float] = {}  # item -> score
     positions_seen: list[list[str]] = []
     started = time.monotonic()
     for j in range(20):
         item_id = page.locator("#item").get_attribute("data-item")
-        assert item_id and item_id != held_by_other and item_id not in expected
+        assert item_id and item_id not in (held_by_other, skipped) and item_id not in expected
         ranks = page.eval_on_selector_all("#candidates li", "els => els.map(e => e.dataset.rank)")
         positions_seen.append(ranks)
         # No counts on the page: only the answers.
@@ -287,9 +420,14 @@ def test_keyboard_review_of_20_items_with_undo(
 
     # The page at 200% zoom: nothing wider than the window, and not blank.
     page.wait_for_selector("#item[data-item]")
-    assert page.evaluate(
-        "document.documentElement.scrollWidth <= document.documentElement.clientWidth"
-    )
+    width = page.evaluate("document.documentElement.clientWidth")
+    assert width == 640
+    assert page.evaluate("document.documentElement.scrollWidth") <= width
+    controls = ["#candidates li", "#none-box .choice", "#submit", "#skip", "#undo", "#keys"]
+    for selector in controls:  # every answer and button within the window's width
+        for control in page.locator(selector).all():
+            box = control.bounding_box()
+            assert box and box["x"] >= 0 and box["x"] + box["width"] <= width, (selector, box)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     shot = ARTIFACTS / "review-page.png"
     page.screenshot(path=str(shot), full_page=True)
@@ -317,6 +455,16 @@ def test_keyboard_review_of_20_items_with_undo(
         sampled_at[item_id] = got["sampled_at"]
     status, body = demo.get(f"{demo.review}/api/reviews/{urllib.request.quote(held_by_other)}")
     assert json.loads(body)["verdict"] is None  # the other tab's item was left alone
+    status, body = demo.get(f"{demo.review}/api/reviews/{urllib.request.quote(skipped)}")
+    assert status == 200 and json.loads(body)["verdict"] is None
+    # The skipped item is back in the queue: older than all the others free (it was the
+    # oldest when it was shown), so the next reviewer to ask is given it.
+    status, body = demo.get(f"{demo.review}/api/reviews/next")
+    assert status == 200 and json.loads(body)["item_id"] == skipped
+    # Everything went through the proxy's sub-path: the page asked for nothing outside it.
+    assert requested and all(u.startswith(f"{proxy.base}/") for u in requested), requested
+    assert any("/api/review-page/verdicts/" in p for p in proxy.forwarded)
+    assert set(proxy.refused) <= {"/favicon.ico"}, proxy.refused
     nones = sum(math.isinf(s) for s in expected.values())
     assert demo.value("relmon_reviews_total", verdict="none") == nones
     assert demo.value("relmon_reviews_total", verdict="accepted") == 20 - nones

@@ -197,6 +197,13 @@ class Metrics:
             mt,
             registry=registry,
         )
+        self.review_submit_failures = Counter(
+            "relmon_review_submit_failures",
+            "Review items that could not be written to the review queue (SQLite or the Kafka "
+            "review topic) after every attempt: scored, never shown to a reviewer.",
+            mt,
+            registry=registry,
+        )
         self.budget_utilization = Gauge(
             "relmon_budget_utilization",
             "Share of the calls-per-minute budget reserved by admitted items (0..1).",
@@ -240,6 +247,7 @@ class Metrics:
         self.reliability_alarm_evalue.labels(model, task).set(1.0)
         self.reliability_alarm.labels(model, task)
         self.circuit_open.labels(model, task)
+        self.review_submit_failures.labels(model, task)
 
     def init_source(self, source: str) -> None:
         """Create every ``relmon_traffic_events_total`` decision of one source at 0."""

@@ -63,6 +63,10 @@ __all__ = ["RECENT_ITEM_IDS", "MonitorService", "TaskRuntime"]
 log = structlog.get_logger("relmon")
 
 RECENT_ITEM_IDS = 100_000
+REVIEW_SUBMIT_ATTEMPTS = 3
+"""Writes of one review item (the review queue: SQLite, or the Kafka review topic whose
+producer retries within each attempt), 1 s then 2 s apart, before it is given up."""
+REVIEW_SUBMIT_BACKOFF_S = 1.0
 """How many admitted item ids the service remembers to recognise a repeated event."""
 
 
@@ -496,21 +500,53 @@ class MonitorService:
         store: object = self.store
         if store is not self.review_queue:  # the SQLite store is both
             await self.store.save_review_item(item)
-        try:
-            await self.review_queue.submit(item)
-        except Exception:
+        if not await self._submit(item):
             # Not published: a later delivery of the same event must not count as a
             # duplicate of it.
             self._admitted.pop(item.item_id, None)
             discard = getattr(self.store, "discard_review_item", None)
             if discard is not None:
                 discard(item.item_id)
-            raise
+            return
         self._state(model, task).pending_reviews += 1
         self.metrics.review_queue_depth.labels(model, task.name).set(
             self._state(model, task).pending_reviews
         )
         self.stats.reviewed += 1
+
+    async def _submit(self, item: ReviewItem) -> bool:
+        """Write ``item`` to the review queue, again after a failure (a broker
+        re-electing its leader, a locked database); False once every attempt failed,
+        which is counted and logged (without the item's text). The item stays scored
+        once: it is not re-asked."""
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                await self.review_queue.submit(item)
+                return True
+            except Exception as exc:  # any failure of the queue's backend
+                error = f"{type(exc).__name__}: {exc}"
+                if attempt == REVIEW_SUBMIT_ATTEMPTS:
+                    self.metrics.review_submit_failures.labels(item.model, item.task).inc()
+                    log.error(
+                        "review_item_not_written",
+                        item=item.item_id,
+                        model=item.model,
+                        task=item.task,
+                        attempts=attempt,
+                        error=error,
+                    )
+                    return False
+                log.warning(
+                    "review_item_write_retry",
+                    item=item.item_id,
+                    model=item.model,
+                    task=item.task,
+                    attempt=attempt,
+                    error=error,
+                )
+                await asyncio.sleep(REVIEW_SUBMIT_BACKOFF_S * 2 ** (attempt - 1))
 
     async def _worker(self) -> None:
         while True:

@@ -10,12 +10,13 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
+from monitor import service as service_module
 from monitor.canon import as_async, get_canonicalizer
 from monitor.config import BudgetSettings, TaskSettings
 from monitor.conformal import decay_weights, weighted_reliability_level, weighted_threshold
 from monitor.events import parse_event
 from monitor.metrics import Metrics
-from monitor.review import Verdict
+from monitor.review import ReviewItem, Verdict
 from monitor.service import MonitorService, TaskRuntime
 from monitor.stopping import get_stopping_rule
 from monitor.testing import FakeModelClient, InMemoryStore, ManualClock
@@ -403,3 +404,73 @@ async def test_items_unfinished_at_shutdown_are_counted_as_interrupted() -> None
     assert service.stats.scored == service.stats.abandoned == 0
     assert sum(1 for a in admissions if a.done is not None and not a.done.done()) == 3
     assert service.budget.utilization(service.clock.monotonic()) == 0.0
+
+
+class FlakyQueue(InMemoryStore):
+    """A review queue whose first ``failures`` writes fail (a broker re-electing its
+    leader, a locked database)."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__()
+        self.failures = failures
+        self.attempts = 0
+
+    async def submit(self, item: ReviewItem) -> None:
+        self.attempts += 1
+        if self.attempts <= self.failures:
+            raise OSError(f"write {self.attempts} failed")
+        await super().submit(item)
+
+
+@pytest.mark.parametrize("failures", [0, 1, 2])
+async def test_a_review_item_write_that_fails_is_tried_again(
+    failures: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Up to two failed writes: the item still reaches the reviewers, scored once (no
+    second round of model calls), nothing counted as lost."""
+    monkeypatch.setattr(service_module, "REVIEW_SUBMIT_BACKOFF_S", 0.0)
+    client = FakeModelClient(arithmetic_model(1.0))
+    queue = FlakyQueue(failures)
+    service, _, _, registry = make_service(client=client, store=queue)
+    await service.load()
+    service.start()
+    admission = service.offer(parse_event(event(1)), "kafka", wait=True)
+    assert admission.decision == "sampled" and admission.done is not None
+    await asyncio.wait_for(admission.done, 10)
+    labels = {"model": "sim-1", "task": "arith"}
+    assert queue.attempts == failures + 1 and [i.item_id for i in queue.pending()] == [
+        "arith:req-1"
+    ]
+    assert registry.get_sample_value("relmon_review_submit_failures_total", labels) == 0.0
+    assert registry.get_sample_value("relmon_review_queue_depth", labels) == 1.0
+    assert service.stats.scored == 1 and client.calls <= 10
+    await service.stop(5)
+
+
+async def test_a_review_item_that_cannot_be_written_is_counted_and_logged(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every attempt fails: counted under relmon_review_submit_failures_total, one error
+    line naming the item (not its text), the item not queued and its id forgotten, so a
+    later delivery of the event is asked again rather than called a duplicate."""
+    monkeypatch.setattr(service_module, "REVIEW_SUBMIT_BACKOFF_S", 0.0)
+    client = FakeModelClient(arithmetic_model(1.0))
+    queue = FlakyQueue(failures=service_module.REVIEW_SUBMIT_ATTEMPTS)
+    service, _, _, registry = make_service(client=client, store=queue)
+    await service.load()
+    service.start()
+    admission = service.offer(parse_event(event(1)), "kafka", wait=True)
+    assert admission.done is not None
+    await asyncio.wait_for(admission.done, 10)
+    labels = {"model": "sim-1", "task": "arith"}
+    assert queue.attempts == service_module.REVIEW_SUBMIT_ATTEMPTS and queue.pending() == []
+    assert registry.get_sample_value("relmon_review_submit_failures_total", labels) == 1.0
+    assert registry.get_sample_value("relmon_review_queue_depth", labels) == 0.0
+    assert service.stats.scored == 1 and service.stats.reviewed == 0
+    out = capsys.readouterr().out
+    assert "review_item_not_written" in out and "arith:req-1" in out
+    assert "What is 2 + 3" not in out and "Traceback" not in out
+    assert service.offer(parse_event(event(1)), "kafka", wait=True).decision == "sampled"
+    await service.drain()
+    assert [i.item_id for i in queue.pending()] == ["arith:req-1"]
+    await service.stop(5)

@@ -50,7 +50,8 @@ Circuit breaker
     the circuit, its failure opens it for another cooldown. While the circuit is not
     closed, ``sample`` sends the first call of a batch alone and the rest only after it
     succeeded: a trial sent with parallel siblings would be cancelled by their
-    ``circuit_open`` failures and the circuit would never close.
+    ``circuit_open`` failures and the circuit would never close. The service sets both
+    from a task's ``endpoint.circuit_breaker`` (``failures``, ``cooldown_s``).
 
 ``sample(request, n)`` returns exactly ``n`` texts or raises: with ``supports_n`` one
 request asks for ``n`` choices (missing choices, e.g. from a server that ignores ``n``,

@@ -32,6 +32,7 @@ from pydantic import (
     PrivateAttr,
     SecretStr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -43,6 +44,7 @@ from monitor.stopping import DEFAULT_FUTILITY, DEFAULT_RULE, available_rules, ge
 
 __all__ = [
     "BudgetSettings",
+    "CircuitBreakerSettings",
     "EndpointSettings",
     "KafkaSettings",
     "ListenSettings",
@@ -105,6 +107,22 @@ class RetrySettings(_Strict):
     invalid: int = Field(2, ge=0)  # a 2xx body that is not a well-formed completion
 
 
+class CircuitBreakerSettings(_Strict):
+    """When the endpoint counts as down: after ``failures`` consecutive failed calls no
+    call is made for ``cooldown_s`` seconds, then one trial call decides."""
+
+    failures: int = Field(5, ge=1)
+    cooldown_s: float = Field(30.0, ge=0, allow_inf_nan=False)
+
+    @field_validator("failures", "cooldown_s", mode="before")
+    @classmethod
+    def _not_a_boolean(cls, v: Any, info: ValidationInfo) -> Any:
+        if isinstance(v, bool):  # pydantic would read true as 1
+            kind = "an integer" if info.field_name == "failures" else "a number of seconds"
+            raise ValueError(f"must be {kind}, got {str(v).lower()}")
+        return v
+
+
 class EndpointSettings(_Strict):
     """The OpenAI-compatible endpoint the re-issuer asks again."""
 
@@ -120,6 +138,7 @@ class EndpointSettings(_Strict):
     supports_n: bool = False
     max_retries: int | None = Field(None, ge=0)  # older form: error, timeout, rate_limited
     retries: RetrySettings = RetrySettings()
+    circuit_breaker: CircuitBreakerSettings = CircuitBreakerSettings()
 
     def retry_limits(self) -> dict[str, int]:
         """Retries per outcome: ``retries``, where not set there ``max_retries`` (if set)."""

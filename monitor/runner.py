@@ -119,6 +119,8 @@ def build_task(task: TaskSettings, metrics: Metrics) -> TaskRuntime:
         rate_limit_per_s=endpoint.rate_limit_per_s,
         supports_n=endpoint.supports_n,
         retries=endpoint.retry_limits(),
+        breaker_threshold=endpoint.circuit_breaker.failures,
+        breaker_cooldown_s=endpoint.circuit_breaker.cooldown_s,
         on_outcome=outcome,
     )
     spec, options = task.canonicalizer_spec()

@@ -124,6 +124,18 @@ INVALID = [
         ],
         id="every-problem-at-once",
     ),
+    pytest.param(
+        "tasks: [{name: arith, endpoint: {model: m, circuit_breaker: {failures: 0}}}]\n"
+        "review: {token: t0k3n}\n",
+        ["tasks[0] (arith).endpoint.circuit_breaker.failures: Input should be greater than"],
+        id="circuit-breaker-no-failures",
+    ),
+    pytest.param(
+        "tasks: [{name: arith, endpoint: {model: m, circuit_breaker: {cooldown_s: .inf}}}]\n"
+        "review: {token: t0k3n}\n",
+        ["tasks[0] (arith).endpoint.circuit_breaker.cooldown_s: Input should be a finite number"],
+        id="circuit-breaker-endless-cooldown",
+    ),
     pytest.param("review: {token: t0k3n}\n", ["tasks: no tasks configured"], id="no-tasks"),
 ]
 
@@ -488,3 +500,66 @@ def test_retries_per_outcome_defaults_older_form_and_limits(tmp_path: Path) -> N
         validate_settings(old_form, review_token="t")
     with pytest.raises(ConfigError, match="retries"):
         load_settings(write(tmp_path, base.format(extra="retries: {garbled: 1}")))
+
+
+# ------------------------------------------------------------------ circuit breaker
+
+BREAKER = "tasks:\n  - name: arith\n    endpoint: {{model: m1, circuit_breaker: {value}}}\n"
+
+
+@pytest.mark.parametrize(
+    ("value", "field", "message"),
+    [
+        ("{failures: 0}", "failures", "Input should be greater than or equal to 1"),
+        ("{failures: -3}", "failures", "Input should be greater than or equal to 1"),
+        ("{failures: 2.5}", "failures", "Input should be a valid integer"),
+        ("{failures: many}", "failures", "Input should be a valid integer"),
+        ("{failures: true}", "failures", "must be an integer, got true"),
+        ("{failures: null}", "failures", "Input should be a valid integer"),
+        ("{cooldown_s: -0.5}", "cooldown_s", "Input should be greater than or equal to 0"),
+        ("{cooldown_s: .inf}", "cooldown_s", "Input should be a finite number"),
+        ("{cooldown_s: .nan}", "cooldown_s", "Input should be a finite number"),
+        ("{cooldown_s: soon}", "cooldown_s", "Input should be a valid number"),
+        ("{cooldown_s: false}", "cooldown_s", "must be a number of seconds, got false"),
+        ("{cooldown_s: null}", "cooldown_s", "Input should be a valid number"),
+        ("{failurs: 3}", "failurs", "Extra inputs are not permitted"),
+        ("5", "", "Input should be a valid dictionary"),
+    ],
+)
+def test_circuit_breaker_bad_values_name_the_task_and_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], value: str, field: str, message: str
+) -> None:
+    path = write(tmp_path, BREAKER.format(value=value) + "review: {token: t0k3n}\n")
+    assert main(["check-config", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    where = "tasks[0] (arith).endpoint.circuit_breaker" + (f".{field}" if field else "")
+    assert f"relmon: error: {path}: {where}: {message}" in err, err
+    assert "Traceback" not in err
+
+
+def test_circuit_breaker_defaults_values_and_environment_reach_the_client(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def breaker(settings: Any) -> tuple[int, float]:
+        client = build_task(settings.tasks[0], Metrics(CollectorRegistry())).client
+        b = client._breaker  # type: ignore[attr-defined]
+        return b._threshold, b._cooldown_s
+
+    defaults = load_settings(write(tmp_path, "tasks: [{name: arith, endpoint: {model: m1}}]\n"))
+    assert defaults.tasks[0].endpoint.circuit_breaker.model_dump() == {
+        "failures": 5,
+        "cooldown_s": 30.0,
+    }
+    assert breaker(defaults) == (5, 30.0)
+    path = write(tmp_path, BREAKER.format(value="{failures: 2, cooldown_s: 0.25}"))
+    configured = load_settings(path)
+    assert breaker(configured) == (2, 0.25)
+    assert validate_settings(configured, review_token="t") == []
+    zero = load_settings(write(tmp_path, BREAKER.format(value="{failures: 1, cooldown_s: 0}")))
+    assert breaker(zero) == (1, 0.0)  # a trial call right after every failure
+    monkeypatch.setenv("RELMON_TASKS__0__ENDPOINT__CIRCUIT_BREAKER__FAILURES", "7")
+    monkeypatch.setenv("RELMON_TASKS__0__ENDPOINT__CIRCUIT_BREAKER__COOLDOWN_S", "90")
+    assert breaker(load_settings(path)) == (7, 90.0)
+    monkeypatch.setenv("RELMON_TASKS__0__ENDPOINT__CIRCUIT_BREAKER__COOLDOWN_S", "inf")
+    with pytest.raises(ConfigError, match=r"circuit_breaker\.cooldown_s: .*finite"):
+        load_settings(path)

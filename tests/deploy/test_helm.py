@@ -347,3 +347,23 @@ def test_the_query_hash_key_comes_from_the_secret_on_every_backend() -> None:
     docs = render(values_of(CHART / "ci" / "existing-secret-values.yaml"))
     config = yaml.safe_load(by_kind(docs, "ConfigMap")[0]["data"]["relmon.yaml"])
     assert "query_hash_key_file" not in config
+
+
+def test_a_tasks_endpoint_settings_reach_relmon_unchanged(tmp_path: Path) -> None:
+    """The chart copies ``config.tasks`` as given (the schema does not list endpoint keys):
+    e.g. the circuit breaker's settings arrive in relmon.yaml and pass relmon's validation."""
+    endpoint = {
+        "base_url": "http://llm.default.svc:8000/v1",
+        "model": "my-model",
+        "circuit_breaker": {"failures": 2, "cooldown_s": 7.5},
+        "retries": {"error": 1},
+    }
+    values = {"config": {"tasks": [{"name": "t", "endpoint": endpoint}]}}
+    values["secret"] = {"reviewToken": "review-token-for-ci"}
+    assert helm_python.lint(CHART, values, strict=True, kube_version="v1.30.0")["errors"] == []
+    text = by_kind(render(values), "ConfigMap")[0]["data"]["relmon.yaml"]
+    assert yaml.safe_load(text)["tasks"] == [{"name": "t", "endpoint": endpoint}]
+    path = tmp_path / "relmon.yaml"
+    path.write_text(text)
+    breaker = load_settings(path).tasks[0].endpoint.circuit_breaker
+    assert (breaker.failures, breaker.cooldown_s) == (2, 7.5)

@@ -10,21 +10,23 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+import yaml
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from adapters.http_metrics import MetricsServer
 from adapters.openai_client import OpenAIClient
 from monitor.canon import as_async, get_canonicalizer
-from monitor.config import BudgetSettings, TaskSettings
+from monitor.config import BudgetSettings, TaskSettings, load_settings
 from monitor.errors import ModelCallError
 from monitor.events import parse_event
 from monitor.metrics import Metrics
-from monitor.runner import Running
+from monitor.runner import Running, build_task
 from monitor.service import MonitorService, TaskRuntime
 from monitor.stopping import get_stopping_rule
 from monitor.testing import InMemoryStore
@@ -202,4 +204,108 @@ async def test_items_are_scored_again_and_health_is_honest(endpoint: Endpoint) -
     finally:
         await server.stop()
         await service.stop(5.0)
+        await client.aclose()
+
+
+# ----------------------------------------- endpoint.circuit_breaker from the configuration
+
+
+def configured_client(
+    endpoint: Endpoint, tmp_path: Path, failures: int, cooldown_s: float
+) -> tuple[OpenAIClient, CollectorRegistry]:
+    """The client ``relmon run`` builds from a relmon.yaml with this circuit breaker (no
+    retries, so that every failed call counts at once)."""
+    path = tmp_path / "relmon.yaml"
+    breaker = {"failures": failures, "cooldown_s": cooldown_s}
+    task = {
+        "name": "arith",
+        "endpoint": {
+            "base_url": endpoint.base_url,
+            "model": "m",
+            "retries": {"error": 0},
+            "circuit_breaker": breaker,
+        },
+    }
+    path.write_text(yaml.safe_dump({"tasks": [task]}))
+    registry = CollectorRegistry()
+    runtime = build_task(load_settings(path).tasks[0], Metrics(registry))
+    assert isinstance(runtime.client, OpenAIClient)
+    return runtime.client, registry
+
+
+def timed_failures(arrivals: list[float], healthy: asyncio.Event) -> Any:
+    """Answer 500 until ``healthy``; note when each request arrived."""
+    answer = failing_until(healthy)
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        arrivals.append(time.monotonic())
+        return await answer(request)
+
+    return handle
+
+
+def calls(registry: CollectorRegistry, outcome: str) -> float:
+    labels = {"model": "m", "task": "arith", "outcome": outcome}
+    return registry.get_sample_value("relmon_model_calls_total", labels) or 0.0
+
+
+@pytest.mark.parametrize("failures", [1, 2, 4])
+async def test_the_configured_failures_open_the_circuit_and_it_stays_open(
+    endpoint: Endpoint, tmp_path: Path, failures: int
+) -> None:
+    """``failures: N`` opens the circuit at exactly the Nth failed call (not the default
+    5th); during the cool-down (60 s: no loaded machine gets there) nothing is sent."""
+    arrivals: list[float] = []
+    endpoint.default = timed_failures(arrivals, asyncio.Event())
+    client, registry = configured_client(endpoint, tmp_path, failures, 60.0)
+    try:
+        for n in range(1, failures + 1):
+            assert client.circuit_state == "closed"
+            with pytest.raises(ModelCallError, match="HTTP 500"):
+                await client.sample(REQUEST, 1)
+            assert len(arrivals) == n
+        assert client.circuit_state == "open"
+        for _ in range(3):
+            with pytest.raises(ModelCallError, match="circuit open"):
+                await client.sample(REQUEST, 1)
+        assert len(arrivals) == failures, "a call reached the endpoint while open"
+        assert calls(registry, "server_error") == failures
+        assert calls(registry, "circuit_open") == 3
+    finally:
+        await client.aclose()
+
+
+async def test_the_configured_cooldown_decides_when_the_circuit_closes_again(
+    endpoint: Endpoint, tmp_path: Path
+) -> None:
+    """``failures: 2, cooldown_s: 1``: open after the 2nd failure; the next call reaches
+    the endpoint no sooner than 1 s after it (load only makes it later), and well before
+    the default 30 s; its success closes the circuit."""
+    cooldown = 1.0
+    arrivals: list[float] = []
+    healthy = asyncio.Event()
+    endpoint.default = timed_failures(arrivals, healthy)
+    client, registry = configured_client(endpoint, tmp_path, 2, cooldown)
+    try:
+        for _ in range(2):
+            with pytest.raises(ModelCallError, match="HTTP 500"):
+                await client.sample(REQUEST, 1)
+        assert client.circuit_state in ("open", "half_open")  # half_open only if loaded
+        healthy.set()
+        opened = arrivals[-1]  # the breaker opened after this request's answer
+        result: list[str] = []
+        while not result:
+            assert time.monotonic() - opened < 15.0, "the circuit never closed again"
+            try:
+                result = await client.sample(REQUEST, 1)
+            except ModelCallError as exc:
+                assert "circuit open" in str(exc)
+                await asyncio.sleep(0.05)
+        assert result == ["4"]
+        assert len(arrivals) == 3, "only the trial call went through"
+        assert arrivals[2] - opened >= cooldown, "a call went through before the cool-down"
+        assert client.circuit_state == "closed"
+        assert await client.sample(REQUEST, 2) == ["4", "4"]
+        assert calls(registry, "server_error") == 2 and calls(registry, "ok") == 3
+    finally:
         await client.aclose()

@@ -157,7 +157,9 @@ def test_long_answer() -> None:
     assert canon(reasoning + "\nParis, of course.", CAPITALS) == "B"
 
 
-@pytest.mark.timeout(5)
+# Linear takes ~1 s on a loaded machine; a quadratic scan of these ~200 kB inputs takes
+# minutes. 30 s leaves room for a CI machine 5x slower than usual.
+@pytest.mark.timeout(30)
 @pytest.mark.parametrize(
     "answer",
     [

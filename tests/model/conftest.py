@@ -8,7 +8,6 @@ records every request, and counts how many requests it was serving at once.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator
@@ -104,6 +103,7 @@ class Endpoint:
     headers: list[dict[str, str]] = field(default_factory=list)
     in_flight: int = 0
     max_in_flight: int = 0
+    gate_timeouts: int = 0
     release: asyncio.Event = field(default_factory=asyncio.Event)
     _queue: deque[Handler] = field(default_factory=deque)
 
@@ -111,15 +111,18 @@ class Endpoint:
         """Answer the next requests with these handlers, then with ``default``."""
         self._queue.extend(handlers)
 
-    def gate(self, count: int, deadline_s: float = 5.0) -> Handler:
-        """Hold requests until ``count`` are in flight at once (or the deadline passes)."""
+    def gate(self, count: int, deadline_s: float = 30.0) -> Handler:
+        """Hold requests until ``count`` are in flight at once (or the deadline passes,
+        counted in ``gate_timeouts``)."""
         opened = asyncio.Event()
 
         async def handle(request: web.Request) -> web.StreamResponse:
             if self.in_flight >= count:
                 opened.set()
-            with contextlib.suppress(TimeoutError):
+            try:
                 await asyncio.wait_for(opened.wait(), deadline_s)
+            except TimeoutError:
+                self.gate_timeouts += 1
             return web.json_response(completion("gated"))
 
         return handle

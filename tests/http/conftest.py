@@ -49,7 +49,7 @@ def sse_chunks() -> list[bytes]:
     return chunks
 
 
-async def wait_until(predicate: Callable[[], bool], timeout_s: float = 5.0) -> None:
+async def wait_until(predicate: Callable[[], bool], timeout_s: float = 30.0) -> None:
     """Poll ``predicate`` (work the servers do after answering) until true or fail."""
     deadline = time.monotonic() + timeout_s
     while not predicate():
@@ -84,7 +84,7 @@ def _upstream_app(state: Upstream) -> web.Application:
             chunks = sse_chunks()
             await resp.write(chunks[0])
             state.sent_chunks = 1
-            await asyncio.wait_for(state.release.wait(), timeout=10)
+            await asyncio.wait_for(state.release.wait(), timeout=60)
             for chunk in chunks[1:]:
                 await asyncio.sleep(0.02)
                 await resp.write(chunk)
@@ -135,7 +135,7 @@ def _upstream_app(state: Upstream) -> web.Application:
         return resp
 
     async def slow(request: web.Request) -> web.StreamResponse:
-        await asyncio.sleep(5)
+        await asyncio.sleep(60)
         return web.Response(text="late")
 
     app = web.Application(client_max_size=8 * 1024 * 1024)

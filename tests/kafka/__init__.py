@@ -107,7 +107,7 @@ async def produce(
 
 
 async def read_all(
-    bootstrap: str, topic: str, *, at_least: int = 0, timeout_s: float = 10
+    bootstrap: str, topic: str, *, at_least: int = 0, timeout_s: float = 60
 ) -> list[Any]:
     """Every record of ``topic`` (waiting until there are ``at_least``), by partition."""
     consumer = AIOKafkaConsumer(
@@ -160,7 +160,7 @@ async def committed(bootstrap: str, group: str, tps: Sequence[TopicPartition]) -
 
 
 async def eventually(
-    check: Callable[[], Awaitable[bool]] | Callable[[], bool], timeout_s: float = 10.0
+    check: Callable[[], Awaitable[bool]] | Callable[[], bool], timeout_s: float = 60.0
 ) -> None:
     """Wait until ``check()`` is true; fail the test after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s

@@ -73,6 +73,12 @@ async def running(
         await asyncio.gather(task, return_exceptions=True)
 
 
+async def _committed_is(
+    bootstrap: str, group: str, tps: list[TopicPartition], expected: list[int]
+) -> bool:
+    return await committed(bootstrap, group, tps) == expected
+
+
 def make_source(
     bootstrap: str, topic: str, group: str, rec: Recorder, **kw: Any
 ) -> KafkaEventSource:
@@ -225,11 +231,14 @@ async def test_restart_redelivers_exactly_the_unfinished_tail(kafka_bootstrap: s
 
     first = Recorder(sample={"p0-2", "p0-6", "p1-8", "p1-9"})
     source = make_source(kafka_bootstrap, topic, group, first, commit_interval_s=0.05)
+    tps = [TopicPartition(topic, 0), TopicPartition(topic, 1)]
     async with running(source, stop_timeout_s=0.2):
         await eventually(lambda: len(first.events) == 20)
         first.futures["p0-2"].set_result(None)
-    # p0-6, p1-8 and p1-9 never finished; stop committed p0 -> 6 and p1 -> 8.
-    tps = [TopicPartition(topic, 0), TopicPartition(topic, 1)]
+        # The periodic commit gets there first: stop's own last commit has only 0.1 s
+        # left after waiting out its 0.2 s, which a loaded broker may need more than.
+        await eventually(lambda: _committed_is(kafka_bootstrap, group, tps, [6, 8]))
+    # p0-6, p1-8 and p1-9 never finished: the commit stays at p0 -> 6 and p1 -> 8.
     assert await committed(kafka_bootstrap, group, tps) == [6, 8]
 
     second = Recorder()
@@ -259,7 +268,7 @@ async def test_a_failed_dead_letter_stops_the_source_without_committing_past_it(
     )
     async with running(source) as task:
         with pytest.raises(KafkaUnavailableError, match="dead-letter"):
-            await asyncio.wait_for(task, 10)
+            await asyncio.wait_for(task, 60)
         assert not source.connected
     assert await committed(kafka_bootstrap, group, [TopicPartition(topic, 0)]) == [1]
 

@@ -394,10 +394,11 @@ async def test_items_unfinished_at_shutdown_are_counted_as_interrupted() -> None
     service.start()
     admissions = [service.offer(parse_event(event(i)), "mirror") for i in range(5)]
     assert all(a.decision == "sampled" for a in admissions)
-    for _ in range(100):
-        await asyncio.sleep(0.01)
+    for _ in range(3000):  # at least 30 s for both hanging calls to start
         if service._in_flight == 2:
             break
+        await asyncio.sleep(0.01)
+    assert service._in_flight == 2
     assert await service.stop(0.2) is False
     assert registry.get_sample_value("relmon_items_total", labels) == 5.0
     assert service.stats.interrupted == 5

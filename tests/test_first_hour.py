@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,18 +14,13 @@ import pytest
 from monitor.cli import main
 from monitor.config import load_settings
 from monitor.runner import start_service
+from tests.ports import free_port
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_demo_says_where_metrics_and_the_review_page_are_first(tmp_path: Path) -> None:
-    ports = [_free_port() for _ in range(3)]
+    ports = [free_port() for _ in range(3)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("RELMON_")}
     proc = subprocess.Popen(
         [

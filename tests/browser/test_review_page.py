@@ -24,7 +24,6 @@ import math
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -47,6 +46,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from adapters.sqlite_store import SqliteStore
 from monitor.demo import MODEL, TASK
 from monitor.window import CalibrationWindow
+from tests.ports import free_port
 
 TOKEN = "browser-test-token-7c1f"
 HALF_LIFE_S = 30.0  # the demo's task settings
@@ -62,12 +62,6 @@ CHROMIUM_ARGS = [
     "--disable-sync",
     "--no-first-run",
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

@@ -8,7 +8,6 @@ import asyncio
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -19,14 +18,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from monitor.demo.model import QuestionBank, SimulatedModel, truth_of
+from tests.ports import free_port
 
 TOKEN = "e2e-test-token-123456"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def write_config(path: Path, model_url: str, ports: dict[str, int], state: Path) -> None:

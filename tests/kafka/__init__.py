@@ -6,7 +6,6 @@ import asyncio
 import itertools
 import json
 import os
-import socket
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
@@ -15,6 +14,8 @@ from typing import Any
 import yaml
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from tests.ports import free_port
 
 __all__ = [
     "FAST_GROUP",
@@ -39,13 +40,6 @@ FAST_GROUP = {"session_timeout_ms": 1000, "heartbeat_interval_ms": 100, "rebalan
 Tansu numbers the first generation 0, so aiokafka skips LeaveGroup on stop and a
 restarted member waits for the old one's session to expire: keep sessions short.
 """
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def unique(prefix: str) -> str:

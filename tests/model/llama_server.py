@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -32,11 +31,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.ports import free_port
+
 __all__ = [
     "GGUF_NAME",
     "LlamaServer",
     "LlamaServerError",
-    "free_port",
     "llama_server",
     "smollm2_gguf_path",
     "start_llama_server",
@@ -68,13 +68,6 @@ def smollm2_gguf_path() -> Path:
         if path.is_file():
             return path
     raise LlamaServerError(f"{GGUF_NAME} not found (looked in {candidates}); {INSTALL_HINT}")
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass

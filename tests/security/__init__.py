@@ -28,17 +28,13 @@ from typing import Any
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.ports import free_port
+
 TOKEN = "security-test-token-0123456789"
 PROMPT = "PROMPT-quokka-4412: write to alice.quokka@example.com or call +44 20 7946 0958"
 ANSWER = "ANSWER-okapi-5521, mail carol.okapi@example.org, card 4111 1111 1111 1111"
 SECRETS = ("quokka", "okapi", "alice.", "carol", "7946", "4111")
 """Fragments of the prompt and answer that must not appear where they must not."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class ModelThread:

@@ -23,6 +23,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +80,16 @@ def _spawn(role: str) -> tuple[subprocess.Popen[bytes], int]:
     return benchlib.spawn_with_port(cmd, f"{role} server")
 
 
+def _counted(metrics_text: str) -> dict[str, float]:
+    """relmon's mirror events by decision (each event is counted under exactly one)."""
+    return {
+        d: benchlib.metric_sum(
+            metrics_text, "relmon_traffic_events_total", source="mirror", decision=d
+        )
+        for d in ("sampled", "skipped", "dropped", "rejected")
+    }
+
+
 def run(seconds: float, repeats: int, connections: int) -> dict[str, Any]:
     start_machine = benchlib.machine()
     with tempfile.TemporaryDirectory(prefix="relmon-mirror-bench-") as tmp_name:
@@ -116,16 +127,20 @@ def run(seconds: float, repeats: int, connections: int) -> dict[str, Any]:
                             file=sys.stderr,
                             flush=True,
                         )
-            text = benchlib.http_get(f"http://127.0.0.1:{ports['metrics']}/metrics")
+            # relmon counts each event just after its 202: wait (up to 60 s on a loaded
+            # machine) until it has counted at least what wrk saw answered.
+            for _ in range(600):
+                counted = _counted(
+                    benchlib.http_get(f"http://127.0.0.1:{ports['metrics']}/metrics")
+                )
+                if sum(counted.values()) >= sent:
+                    break
+                time.sleep(0.1)
         finally:
             if relmon is not None:
                 benchlib.stop(relmon)
             benchlib.stop(model)
             benchlib.stop(bare)
-    counted = {
-        d: benchlib.metric_sum(text, "relmon_traffic_events_total", source="mirror", decision=d)
-        for d in ("sampled", "skipped", "dropped", "rejected")
-    }
     report: dict[str, Any] = {
         "benchmark": "mirror",
         "load_generator": "wrk 1 thread, closed loop, its own process",

@@ -57,6 +57,7 @@ import benchlib
 
 FEWEST_SAMPLES = 8  # the default rule's fewest samples per item (unanimous answers)
 QUEUE_SIZE, MAX_IN_FLIGHT = 64, 8
+DECISIONS = ("sampled", "skipped", "dropped", "rejected")  # one of them counts each event
 CONTROL_EVERY = 10  # one request in ten also goes to a bare 202 handler, the baseline
 
 
@@ -115,7 +116,7 @@ async def _get(session: aiohttp.ClientSession, url: str) -> str:
 def _counts(text: str) -> dict[str, float]:
     out = {
         d: benchlib.metric_sum(text, "relmon_traffic_events_total", source="mirror", decision=d)
-        for d in ("sampled", "skipped", "dropped", "rejected")
+        for d in DECISIONS
     }
     for outcome in ("scored", "abandoned"):
         out[outcome] = benchlib.metric_sum(text, "relmon_items_total", outcome=outcome)
@@ -252,7 +253,16 @@ async def _soak(
         sent_for = time.perf_counter() - t0
         scrape_task.cancel()
         await asyncio.gather(scrape_task, return_exceptions=True)
-        await asyncio.sleep(1.0)  # let the last events be counted
+        # The mirror counts an event just after its 202: wait (up to 60 s, an overloaded
+        # machine may lag) until every answered request is counted, then 1 s more so a
+        # request counted twice would show.
+        answered = statuses.get("202", 0)
+        for _ in range(600):
+            final = _counts(await _get(scrape_session, metrics_url))
+            if sum(final[d] for d in DECISIONS) >= answered:
+                break
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(1.0)
         final = _counts(await _get(scrape_session, metrics_url))
         final_calls = json.loads(await _get(scrape_session, stats_url))["calls"] - calls_start
         rss_end = benchlib.rss_kb(pid)
@@ -343,7 +353,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     lat = np.array([x[1] for x in out.pop("latencies")] or [0.0]) * 1000
     timeline = out["timeline"]
     final = out["final"]
-    counted = sum(final[d] for d in ("sampled", "skipped", "dropped", "rejected"))
+    counted = sum(final[d] for d in DECISIONS)
     offered_items = final["sampled"] + final["dropped"]
     mean_samples = final["samples_sum"] / final["samples_count"] if final["samples_count"] else 0.0
     minutes = out["sent_for_s"] / 60.0

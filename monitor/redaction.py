@@ -17,6 +17,19 @@ candidates keeps them distinct: two answers that become the same text are told a
 by their rank (``[email] (rank 2)``), so a verdict's ranks still mean what the
 reviewer saw. Text that is not valid Unicode (lone surrogates) is repaired with
 ``?`` so that no store refuses it.
+
+Answers are redacted twice (when ``answers`` is on): each raw answer *before* it is
+canonicalized (:meth:`Redactor.redacts_before`), because a canonicalizer can destroy
+what a rule matches (``text`` turns ``jane@example.com`` into ``janeexamplecom``) or
+send the answer elsewhere (``llm`` asks a judge model); and the canonical classes
+again when the review item is built (:meth:`Redactor.redact_consensus`). The class of
+an answer is then ``canonicalize(redact(answer))``: a fixed, deterministic map like any
+canonicalizer, so the conformal guarantee holds for it; answers that differ only in a
+secret fall into one class. A canonicalizer whose canonical form keeps what the rules
+match, or drops it, declares ``redact_canonical_only = True`` (``numeric``, ``mcq``,
+``json``; ``regex`` when its ``then`` does): its raw answers are not redacted first,
+since ``[number]`` in ``{"ts": 1700000000000}`` or ``2**50 = 1125899906842624`` would
+make a valid answer unreadable, and only its canonical form is redacted.
 """
 
 from __future__ import annotations
@@ -25,6 +38,7 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from monitor.canon.base import Canonicalizer, QueryContext
 from monitor.consensus import Consensus
 
 __all__ = ["BUILTIN_RULES", "RedactionRule", "Redactor", "luhn_valid"]
@@ -164,6 +178,27 @@ class Redactor:
             text = rule.apply(text)
         return text
 
+    def redacts_before(self, canonicalizer: object) -> bool:
+        """Whether the raw answers for ``canonicalizer`` are redacted before it sees them:
+        with ``answers`` on and some rule, unless it declares ``redact_canonical_only``."""
+        return (
+            self.answers
+            and bool(self.rules)
+            and not getattr(canonicalizer, "redact_canonical_only", False)
+        )
+
+    def redact_all(self, texts: Iterable[str]) -> list[str]:
+        """:meth:`redact` of each text, in order."""
+        return [self.redact(t) for t in texts]
+
+    def for_verdicts(self, canonicalizer: Canonicalizer | None) -> Canonicalizer | None:
+        """``canonicalizer`` as a verdict's typed ``correct_answer`` must meet it to be
+        compared with the stored candidates: redacted before (as the answers were) and
+        after (as the candidates were). Itself when ``answers`` is off."""
+        if canonicalizer is None or not self.answers:
+            return canonicalizer
+        return _RedactedCanonicalizer(canonicalizer, self)
+
     def redact_consensus(self, consensus: Consensus) -> Consensus:
         """The candidates as a reviewer sees them: redacted (when ``answers``), distinct."""
         if not self.answers and all(_repair(c) == c for c in consensus.classes):
@@ -179,3 +214,20 @@ class Redactor:
             seen.add(text)
             shown.append(text)
         return Consensus(tuple(shown), consensus.counts)
+
+
+class _RedactedCanonicalizer:
+    """A pure canonicalizer between two redactions (see :meth:`Redactor.for_verdicts`)."""
+
+    def __init__(self, inner: Canonicalizer, redactor: Redactor) -> None:
+        self._inner = inner
+        self._redactor = redactor
+        self._before = redactor.redacts_before(inner)
+
+    @property
+    def name(self) -> str:
+        return self._inner.name
+
+    def canonicalize(self, answer: str, context: QueryContext | None = None) -> str:
+        redact = self._redactor.redact
+        return redact(self._inner.canonicalize(redact(answer) if self._before else answer, context))

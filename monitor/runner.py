@@ -211,6 +211,7 @@ async def start_service(settings: Settings, *, review_token: str | None = None) 
     sources: list[Any] = []
     review_queue: ReviewQueue
     store: CalibrationStore
+    redactor = settings.redaction.redactor()
     kafka_store: Any = None  # with review.backend kafka: its store and queue
     kafka_queue: Any = None
     if settings.review.backend == "kafka":
@@ -220,7 +221,8 @@ async def start_service(settings: Settings, *, review_token: str | None = None) 
 
         def score(item: Any, verdict: Any) -> float:
             task = by_name.get(item.task)
-            return verdict_score(item, verdict, task.sync_canonicalizer if task else None)
+            canonicalizer = redactor.for_verdicts(task.sync_canonicalizer if task else None)
+            return verdict_score(item, verdict, canonicalizer)
 
         store = kafka_store = KafkaCalibrationStore(
             settings.kafka.bootstrap_servers,
@@ -247,7 +249,7 @@ async def start_service(settings: Settings, *, review_token: str | None = None) 
         seed=settings.seed or 0,
         log_prompts=settings.log_prompts,
         query_hash_key=query_hash_key(settings),
-        redactor=settings.redaction.redactor(),
+        redactor=redactor,
     )
     await service.load()
     if kafka_store is not None:  # the queue's depth starts from the replayed items

@@ -396,15 +396,23 @@ class MonitorService:
     # ------------------------------------------------------------------ workers
 
     async def _sample(self, job: _Job) -> tuple[list[str], list[str]]:
+        """The raw answers and their classes. With redaction before canonicalization
+        (:meth:`Redactor.redacts_before`) the canonicalizer sees only redacted answers and
+        a redacted query, so no secret reaches it, a judge model or a class."""
         task, event = job.task, job.event
-        context = QueryContext(query=query_text(event.request))
+        redact = self.redactor.redacts_before(task.canonicalizer)
+        query = query_text(event.request)
+        context = QueryContext(query=self.redactor.redact(query) if redact else query)
         answers: list[str] = []
+        seen: list[str] = []  # what the canonicalizer is given
         classes: list[str] = []
         decision = task.rule.decide([])
         while not decision.stop:
-            answers.extend(await task.client.sample(event.request, decision.more))
+            batch = await task.client.sample(event.request, decision.more)
+            answers.extend(batch)
+            seen.extend(self.redactor.redact_all(batch) if redact else batch)
             self.stats.calls += decision.more
-            classes = await task.canonicalizer.canonicalize_many(answers, context)
+            classes = await task.canonicalizer.canonicalize_many(seen, context)
             decision = task.rule.decide(Counter(classes).values())
         return answers, classes
 
@@ -617,7 +625,10 @@ class MonitorService:
             self.metrics.reviews.labels(item.model, item.task, "invalid").inc()
             return VerdictOutcome("invalid", reason="accepted rank beyond the candidates")
         score = verdict_score(
-            item, verdict, task.sync_canonicalizer, QueryContext(query=item.query)
+            item,
+            verdict,
+            self.redactor.for_verdicts(task.sync_canonicalizer),
+            QueryContext(query=item.query),
         )
         record = CalibrationRecord(
             model=item.model,

@@ -15,6 +15,11 @@ Two kinds exist:
   the labels along in the same call: ``canonicalize_many([*answers, *labels])``.
 
 :func:`as_async` lets the service treat both kinds alike.
+
+Either kind may set ``redact_canonical_only = True`` when its canonical form keeps what
+the redaction rules match (or drops it): the service then redacts only the canonical
+classes, not the raw answers it passes in (:mod:`monitor.redaction`). Without it, the
+raw answers are redacted before the canonicalizer sees them.
 """
 
 from __future__ import annotations
@@ -84,6 +89,10 @@ class _SyncAsAsync:
     @property
     def name(self) -> str:
         return self._inner.name
+
+    @property
+    def redact_canonical_only(self) -> bool:
+        return bool(getattr(self._inner, "redact_canonical_only", False))
 
     async def canonicalize_many(
         self, answers: Sequence[str], context: QueryContext | None = None

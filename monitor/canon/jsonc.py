@@ -112,6 +112,10 @@ def _balanced_spans(answer: str) -> list[tuple[int, int]]:
 class JsonCanonicalizer:
     """Canonical JSON; see the module docstring for the rules."""
 
+    redact_canonical_only: Final = True
+    """Strings are kept verbatim and numbers in full, so redaction rules match the
+    canonical form as they match the answer (see :mod:`monitor.redaction`)."""
+
     @property
     def name(self) -> str:
         return "json"

@@ -68,6 +68,9 @@ _VERBS: Final = frozenset(
 class McqCanonicalizer:
     """The chosen option letter; see the module docstring for the rules."""
 
+    redact_canonical_only: Final = True
+    """A letter carries nothing of the answer to redact (see :mod:`monitor.redaction`)."""
+
     def __init__(self, *, letters: str = "ABCDEFGHIJ") -> None:
         upper = letters.upper()
         if not upper or not all("A" <= ch <= "Z" for ch in upper) or len(set(upper)) != len(upper):

@@ -246,6 +246,11 @@ def _box_content(text: str, start: int) -> str:
 class NumericCanonicalizer:
     """The final number of an answer, exactly; see the module docstring for the rules."""
 
+    redact_canonical_only: Final = True
+    """A number keeps its digits, so the digit rules (cards, long numbers) match the
+    canonical form; redacting the answer first would turn a 13-digit answer into an
+    unreadable ``[number]`` (see :mod:`monitor.redaction`)."""
+
     def __init__(self, *, percent: str = "strip", marker: str | None = "####") -> None:
         if percent not in ("strip", "fraction"):
             raise ConfigError(f"numeric: percent must be 'strip' or 'fraction', not {percent!r}")

@@ -81,6 +81,11 @@ class RegexCanonicalizer:
     def name(self) -> str:
         return "regex"
 
+    @property
+    def redact_canonical_only(self) -> bool:
+        """As ``then`` declares (see :mod:`monitor.redaction`)."""
+        return bool(getattr(self._then, "redact_canonical_only", False))
+
     def canonicalize(self, answer: str, context: QueryContext | None = None) -> str:
         extract: str | None = None
         for m in self._pattern.finditer(answer):

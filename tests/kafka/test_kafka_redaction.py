@@ -1,5 +1,7 @@
 """Redaction on the Kafka review backend: the review item published on the review topic
-carries the redacted query and candidates, never the raw prompt or answer."""
+carries the redacted query and candidates, never the raw prompt or answer. The answer's
+e-mail address and API key would not survive the ``text`` canonicalizer in a form the
+rules match: the answers are redacted before they are canonicalized."""
 
 from __future__ import annotations
 
@@ -17,7 +19,10 @@ from tests.security import ModelThread
 pytestmark = pytest.mark.timeout(120)
 
 PROMPT = "Refund for jane.roe@example.com, card 5555 5555 5555 4444, EMP-204518"
-ANSWER = "Sure: card 5555-5555-5555-4444 refunded for EMP-204518."
+ANSWER = (
+    "Sure: card 5555-5555-5555-4444 refunded for EMP-204518; receipt sent to "
+    "jane.roe@example.com, signed with sk-live-Zq8Xw3Vb7Nm2Lk4Jh6Gf."
+)
 
 
 async def test_review_topic_gets_redacted_items(kafka_bootstrap: str, tmp_path: Path) -> None:
@@ -76,7 +81,11 @@ async def test_review_topic_gets_redacted_items(kafka_bootstrap: str, tmp_path: 
     assert item["item_id"] == "refunds:k-redact-1"
     assert item["query"] == "Refund for [email], card [card], [redacted]"
     [candidate] = item["candidates"]
-    assert candidate["answer"] == "sure card [card] refunded for [redacted]"
+    assert candidate["answer"] == (
+        "sure card card refunded for redacted receipt sent to email signed with secret"
+    )
     raw = record.value.decode()
-    for fragment in ("jane.roe", "5555", "204518"):
+    squashed = "".join(ch for ch in raw.casefold() if ch.isalnum())
+    for fragment in ("jane.roe", "janeroe", "5555", "204518", "Zq8Xw3Vb7Nm2Lk4Jh6Gf"):
         assert fragment not in raw
+        assert fragment.casefold() not in squashed

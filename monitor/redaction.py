@@ -60,14 +60,19 @@ def luhn_valid(digits: str) -> bool:
 @dataclass(frozen=True, slots=True)
 class RedactionRule:
     """Replace every match of ``pattern`` with ``replacement`` (``\\1`` refers to groups);
-    with ``accept``, only matches it returns true for."""
+    with ``accept``, only matches it returns true for. ``hint``, when set, is a cheap
+    test that is false only for a text in which ``pattern`` cannot match (no ``@``, too
+    few digits): the rule is then skipped, since most answers hold no secret."""
 
     name: str
     pattern: re.Pattern[str]
     replacement: str
     accept: Callable[[re.Match[str]], bool] | None = None
+    hint: Callable[[str], bool] | None = None
 
     def apply(self, text: str) -> str:
+        if self.hint is not None and not self.hint(text):
+            return text
         if self.accept is None:
             return self.pattern.sub(self.replacement, text)
         accept = self.accept
@@ -81,12 +86,48 @@ def _is_card(match: re.Match[str]) -> bool:
     return 13 <= len(digits) <= 19 and luhn_valid(digits)
 
 
+# Hints of the shipped rules: exact necessary conditions, cheapest test first (a
+# property test checks that a rule never matches where its hint is false).
+_AKIA = re.compile("akia", re.IGNORECASE)
+_DIGITS_4 = re.compile(r"(?:\D*+\d){4}")
+_DIGITS_10 = re.compile(r"(?:\D*+\d){10}")
+_DIGITS_13 = re.compile(r"(?:\D*+\d){13}")
+
+
+def _email_hint(text: str) -> bool:
+    return "@" in text
+
+
+def _api_key_hint(text: str) -> bool:
+    # Every alternative but AKIA + 16 has a "-" or "_". The rule is IGNORECASE, which
+    # also matches a dotless i to I (str.lower() would not): search the same way.
+    return "-" in text or "_" in text or (len(text) >= 20 and _AKIA.search(text) is not None)
+
+
+def _bearer_hint(text: str) -> bool:
+    # "bearer", a space and 8 characters; no other character matches b, e, a or r
+    # under IGNORECASE, so lower() finds what the rule finds.
+    return len(text) >= 15 and "bearer" in text.lower()
+
+
+def _phone_hint(text: str) -> bool:
+    # "+" and 4 digits at least, or 10 digits ("(555) 123-4567", "555-123-4567").
+    if "+" in text and _DIGITS_4.match(text) is not None:
+        return True
+    return len(text) >= 10 and _DIGITS_10.match(text) is not None
+
+
+def _digits_13_hint(text: str) -> bool:
+    return len(text) >= 13 and _DIGITS_13.match(text) is not None
+
+
 # fmt: off
 BUILTIN_RULES: dict[str, RedactionRule] = {
     rule.name: rule
     for rule in (
         RedactionRule(
-            "email", re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+"), "[email]"
+            "email", re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+"), "[email]",
+            hint=_email_hint,
         ),
         RedactionRule(
             "api_key",
@@ -98,14 +139,17 @@ BUILTIN_RULES: dict[str, RedactionRule] = {
                 re.IGNORECASE,
             ),
             "[secret]",
+            hint=_api_key_hint,
         ),
         RedactionRule(
             "bearer",
             re.compile(r"\b(bearer)\s+[A-Za-z0-9._~+/=-]{8,}", re.IGNORECASE),
             r"\1 [secret]",
+            hint=_bearer_hint,
         ),
         RedactionRule(
-            "card", re.compile(r"(?<![\d-])\d(?:[ -]?\d){12,18}(?![\d-])"), "[card]", _is_card
+            "card", re.compile(r"(?<![\d-])\d(?:[ -]?\d){12,18}(?![\d-])"), "[card]", _is_card,
+            hint=_digits_13_hint,
         ),
         RedactionRule(
             "phone",
@@ -114,9 +158,11 @@ BUILTIN_RULES: dict[str, RedactionRule] = {
                 r"|\(\d{3}\)[ .-]?\d{3}[ .-]\d{4}|\d{3}[.-]\d{3}[.-]\d{4})(?![\w-])"
             ),
             "[phone]",
+            hint=_phone_hint,
         ),
         RedactionRule(
-            "long_number", re.compile(r"(?<!\d)(?:\d[ -]?){12,}\d(?!\d)"), "[number]"
+            "long_number", re.compile(r"(?<!\d)(?:\d[ -]?){12,}\d(?!\d)"), "[number]",
+            hint=_digits_13_hint,
         ),
     )
 }
@@ -187,9 +233,19 @@ class Redactor:
             and not getattr(canonicalizer, "redact_canonical_only", False)
         )
 
-    def redact_all(self, texts: Iterable[str]) -> list[str]:
-        """:meth:`redact` of each text, in order."""
-        return [self.redact(t) for t in texts]
+    def redact_all(self, texts: Iterable[str], done: dict[str, str] | None = None) -> list[str]:
+        """:meth:`redact` of each text, in order. A text repeated is redacted once (the K
+        answers of an item often are the same string); ``done`` keeps the redacted texts
+        from one call to the next (an item's batches)."""
+        if done is None:
+            done = {}
+        out = []
+        for text in texts:
+            redacted = done.get(text)
+            if redacted is None:
+                redacted = done[text] = self.redact(text)
+            out.append(redacted)
+        return out
 
     def for_verdicts(self, canonicalizer: Canonicalizer | None) -> Canonicalizer | None:
         """``canonicalizer`` as a verdict's typed ``correct_answer`` must meet it to be

@@ -405,12 +405,13 @@ class MonitorService:
         context = QueryContext(query=self.redactor.redact(query) if redact else query)
         answers: list[str] = []
         seen: list[str] = []  # what the canonicalizer is given
+        redacted: dict[str, str] = {}
         classes: list[str] = []
         decision = task.rule.decide([])
         while not decision.stop:
             batch = await task.client.sample(event.request, decision.more)
             answers.extend(batch)
-            seen.extend(self.redactor.redact_all(batch) if redact else batch)
+            seen.extend(self.redactor.redact_all(batch, redacted) if redact else batch)
             self.stats.calls += decision.more
             classes = await task.canonicalizer.canonicalize_many(seen, context)
             decision = task.rule.decide(Counter(classes).values())

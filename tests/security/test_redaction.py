@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
@@ -55,6 +55,43 @@ from tests.security import PROMPT
 )
 def test_shipped_rules(text: str, expected: str | None) -> None:
     assert Redactor.default().redact(text) == (text if expected is None else expected)
+
+
+_PIECES = [
+    *"0123456789 -_.+@()/=~aK",
+    "\u212a",  # Kelvin sign: IGNORECASE matches it to k
+    "\u0131",  # dotless i
+    "\u0130",  # dotted capital I
+    "\u017f",  # long s
+    "\u0660",  # Arabic-Indic zero: a digit to \\d
+    *["akia", "AKIA", "Bearer ", "BEARER\t", "sk-", "pk_live_", "ghp_", "xoxb-", "api_"],
+    *["example.com", "4111", "(555) ", "+44 "],
+]
+_NEAR_MISSES = st.lists(st.sampled_from(_PIECES), max_size=25).map("".join)
+
+
+@settings(max_examples=500, derandomize=True, deadline=None)
+@given(st.one_of(_NEAR_MISSES, st.text(max_size=60)))
+@example("key A\u212aIA0123456789ABCDEF end")  # AKIA with a Kelvin sign: no "-", "_"
+@example("AK\u0131A0123456789abcdef")  # and with a dotless i
+@example("\u0660" * 13)  # 13 digits of another script
+@example("Bearer abcdefgh")  # the shortest bearer token
+@example("a@b.co")  # the shortest e-mail
+@example("\u0660\u0661\u0662-\u0663\u0664\u0665-\u0666\u0667\u0668\u0669")  # a phone
+def test_a_rule_skipped_by_its_hint_could_not_have_matched(text: str) -> None:
+    for rule in BUILTIN_RULES.values():
+        assert rule.hint is not None
+        if not rule.hint(text):
+            assert rule.pattern.search(text) is None, rule.name
+
+
+def test_redact_all_keeps_the_order_and_redacts_a_repeated_text_once() -> None:
+    done: dict[str, str] = {}
+    r = Redactor.default()
+    assert r.redact_all(["a@b.io", "x", "a@b.io"], done) == ["[email]", "x", "[email]"]
+    assert done == {"a@b.io": "[email]", "x": "x"}
+    done["y"] = "from an earlier batch"
+    assert r.redact_all(["y"], done) == ["from an earlier batch"]
 
 
 def test_luhn() -> None:

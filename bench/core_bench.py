@@ -5,6 +5,10 @@ scores. The baseline is the least any implementation must do: count the raw stri
 with collections.Counter. Reported as ratios to that baseline (machines here are shared
 and noisy, so absolute times mean little).
 
+The last two rows price answer redaction on the hot path: with ``redaction.answers``
+the service redacts every distinct answer of an item (every shipped rule) before the
+``text`` canonicalizer sees it, so their difference is what redaction adds per item.
+
     .venv/bin/python bench/core_bench.py [--items N] [--json FILE]
 """
 
@@ -26,6 +30,7 @@ import benchlib
 
 from monitor.canon import get_canonicalizer
 from monitor.consensus import rank_classes
+from monitor.redaction import Redactor
 from monitor.scores import rank_score
 from monitor.stopping import get_stopping_rule
 
@@ -40,13 +45,16 @@ def _items(n: int, k: int, rng: np.random.Generator) -> list[list[str]]:
     return out
 
 
-def _median_of(fn: Callable[[], None], repeats: int) -> float:
-    times = []
+def _medians(steps: list[tuple[str, Callable[[], None]]], repeats: int) -> list[float]:
+    """The median time of each step, the steps taking turns (one pass of each per round),
+    so that a change of load on a shared machine weighs on every step alike."""
+    times: list[list[float]] = [[] for _ in steps]
     for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return benchlib.median(times)
+        for i, (_, fn) in enumerate(steps):
+            start = time.perf_counter()
+            fn()
+            times[i].append(time.perf_counter() - start)
+    return [benchlib.median(t) for t in times]
 
 
 def main() -> None:
@@ -62,6 +70,8 @@ def main() -> None:
     start_machine = benchlib.machine()
     items = _items(args.items, args.k, np.random.default_rng(0))
     canon = get_canonicalizer("numeric")
+    text = get_canonicalizer("text")
+    redactor = Redactor.default()
     rule = get_stopping_rule(k_max=args.k)
 
     def baseline() -> None:
@@ -80,13 +90,25 @@ def main() -> None:
             rule.decide(consensus.counts)
             rank_score(consensus, {classes[0]})
 
-    base = _median_of(baseline, args.repeats)
-    rows = [
-        ("Counter baseline", base),
-        ("numeric canonicalize", _median_of(canonicalize, args.repeats)),
-        ("canonicalize+rank+stop+score", _median_of(full, args.repeats)),
+    def text_canonicalize() -> None:
+        for answers in items:
+            [text.canonicalize(a) for a in answers]
+
+    def redact_text_canonicalize() -> None:
+        for answers in items:
+            [text.canonicalize(a) for a in redactor.redact_all(answers)]
+
+    steps = [
+        ("Counter baseline", baseline),
+        ("numeric canonicalize", canonicalize),
+        ("canonicalize+rank+stop+score", full),
+        ("text canonicalize", text_canonicalize),
+        ("redact+text canonicalize", redact_text_canonicalize),
     ]
-    print(f"{args.items} items x K={args.k}, median of {args.repeats}")
+    medians = _medians(steps, args.repeats)
+    base = medians[0]
+    rows = [(name, t) for (name, _), t in zip(steps, medians, strict=True)]
+    print(f"{args.items} items x K={args.k}, median of {args.repeats} rounds")
     for name, t in rows:
         per_item = t / args.items * 1e6
         print(f"{name:<30} {per_item:9.1f} us/item  {t / base:7.1f}x baseline")

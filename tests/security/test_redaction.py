@@ -1,5 +1,9 @@
 """The redaction rules (pure), their configuration, the service applying them to review
-items, and the stdlib log redaction of credential headers."""
+items, and the stdlib log redaction of credential headers.
+
+Answers are redacted before they are canonicalized: a secret an answer holds, for every
+shipped rule and every canonicalizer, never reaches the SQLite file, the logs or an
+``llm`` judge; generated secrets in random free text never reach the review item."""
 
 from __future__ import annotations
 

@@ -26,6 +26,11 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tests.ports import free_port  # noqa: E402  (below the ephemeral range: no port race)
+
 RESULTS = ROOT / "bench" / "results"
 REVIEW_TOKEN = "bench-review-token-0123456789"
 
@@ -106,12 +111,6 @@ def write_json(doc: dict[str, Any], path: Path | None) -> None:
 
 def median(values: Sequence[float]) -> float:
     return float(statistics.median(values))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def spawn_with_port(cmd: list[str], what: str, **kw: Any) -> tuple[subprocess.Popen[bytes], int]:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import socket
 import statistics
 import subprocess
 import sys
@@ -41,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from adapters.kafka_source import KafkaEventSource
 from monitor.events import TrafficEvent
 from monitor.ports import Admission
+from tests.ports import free_port
 
 GROUP_OPTIONS = {"session_timeout_ms": 3000, "heartbeat_interval_ms": 300}
 TASKS = ("triage", "extract", "classify", "qa")
@@ -71,12 +71,6 @@ def event(n: int) -> bytes:
         },
         separators=(",", ":"),
     ).encode()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def wait_ready(bootstrap: str, proc: subprocess.Popen[bytes]) -> None:

@@ -328,6 +328,7 @@ def window_from(records: Any) -> CalibrationWindow:
     return window
 
 
+@pytest.mark.timeout(900)  # its own deadlines add up to more than the default 300 s
 def test_keyboard_review_of_20_items_with_undo(
     demo: Demo, proxy: Proxy, browser: Browser, tmp_path: Path
 ) -> None:

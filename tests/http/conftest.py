@@ -131,7 +131,7 @@ def _upstream_app(state: Upstream) -> web.Application:
         resp.content_length = 100
         await resp.prepare(request)
         await resp.write(b'{"choices": ')
-        await asyncio.sleep(5)
+        await asyncio.sleep(60)  # far past the proxy's timeout, however slow the machine
         return resp
 
     async def slow(request: web.Request) -> web.StreamResponse:

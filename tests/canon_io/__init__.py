@@ -8,6 +8,7 @@ minimal :class:`monitor.ports.ModelClient` that POSTs to it over real HTTP.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 from collections import Counter
 from collections.abc import Mapping
@@ -40,7 +41,9 @@ class JudgeServer:
     """A chat-completions endpoint whose judge reads the ``<response>`` block.
 
     Special responses: ``EXPLODE`` gets HTTP 500; ``NOCHOICES`` gets ``choices: []``;
-    ``SLOW ...`` waits 50 ms first. Every request body is kept in ``requests``.
+    ``SLOW ...`` is held until two requests have been in flight at once (30 s at most),
+    so a client allowed two concurrent calls shows it without depending on timing. Every
+    request body is kept in ``requests``.
     """
 
     def __init__(self) -> None:
@@ -48,6 +51,7 @@ class JudgeServer:
         self.calls: Counter[str] = Counter()
         self.in_flight = 0
         self.max_in_flight = 0
+        self._together = asyncio.Event()
         self._runner: web.AppRunner | None = None
         self.url = ""
 
@@ -75,9 +79,12 @@ class JudgeServer:
         self.calls[answer] += 1
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        if self.in_flight >= 2:
+            self._together.set()
         try:
             if answer.startswith("SLOW"):
-                await asyncio.sleep(0.05)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._together.wait(), 30)
             if answer == "EXPLODE":
                 return web.json_response({"error": {"message": "boom"}}, status=500)
             if answer == "NOCHOICES":

@@ -37,7 +37,7 @@ def run_quick(script: str, out: Path) -> str | None:
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=480,  # the slowest (kafka_scale) takes ~26 s on a loaded machine
         check=False,
     )
     return None if result.returncode == 0 else result.stderr[-4000:]
@@ -150,7 +150,7 @@ def test_soak(quick: tuple[Path, dict[str, str | None]]) -> None:
     assert doc["rss_start_mb"] <= doc["rss_max_mb"] and doc["rss_end_mb"] <= doc["rss_max_mb"]
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 def test_kafka_scale_bench(tmp_path: Path) -> None:
     """``make bench-kafka`` in its quick mode (its own broker, relmon replicas and model;
     not part of ``make bench``, so not in the report): every field, ratios positive."""

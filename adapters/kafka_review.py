@@ -45,7 +45,7 @@ import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 
-from adapters.kafka_source import KafkaUnavailableError
+from adapters.kafka_source import CONNECT_ERRORS, KafkaUnavailableError
 from monitor.errors import ConfigError, InputError
 from monitor.ports import CalibrationRecord
 from monitor.review import ReviewItem, Verdict, parse_verdict
@@ -57,6 +57,7 @@ __all__ = [
     "durable_producer",
     "log_position",
     "review_item_of",
+    "start_producer",
 ]
 
 log = structlog.get_logger(__name__)
@@ -71,6 +72,17 @@ def durable_producer(bootstrap_servers: str, **options: Any) -> Any:
     options.pop("acks", None)
     options.setdefault("enable_idempotence", False)
     return AIOKafkaProducer(bootstrap_servers=bootstrap_servers, acks="all", **options)
+
+
+async def start_producer(producer: Any, bootstrap_servers: str) -> None:
+    """Start ``producer``; :class:`KafkaUnavailableError` if the cluster cannot be reached."""
+    try:
+        await producer.start()
+    except CONNECT_ERRORS as exc:
+        await producer.stop()
+        raise KafkaUnavailableError(
+            f"cannot reach Kafka at {bootstrap_servers}: {type(exc).__name__}"
+        ) from exc
 
 
 class KafkaReviewQueue:
@@ -329,7 +341,12 @@ class KafkaCalibrationStore:
             },
         )
         try:
-            await consumer.start()
+            try:
+                await consumer.start()
+            except CONNECT_ERRORS as exc:
+                raise KafkaUnavailableError(
+                    f"cannot reach Kafka at {self.bootstrap_servers}: {type(exc).__name__}"
+                ) from exc
             return await asyncio.wait_for(_read_to_end(consumer, topics), self._replay_timeout_s)
         except KafkaError as exc:
             raise KafkaUnavailableError(

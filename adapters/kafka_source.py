@@ -65,6 +65,7 @@ else:
 
 __all__ = [
     "CLIENT_OPTION_KEYS",
+    "CONNECT_ERRORS",
     "METADATA_MAX_AGE_MS",
     "ConsumerLag",
     "KafkaConsumerBase",
@@ -98,6 +99,11 @@ CLIENT_OPTION_KEYS = frozenset(
     }
 )
 """Consumer options that also apply to the dead-letter producer (same cluster)."""
+
+CONNECT_ERRORS: tuple[type[Exception], ...] = (KafkaError, KeyError)
+"""What starting an aiokafka client raises when the cluster refuses it: KafkaError, or
+KeyError from aiokafka's SCRAM client when the broker ends the exchange with an error
+(``e=unknown-user``) instead of its signature."""
 
 _MAX_REASON_CHARS = 300
 _POLL_MAX_S = 0.25
@@ -362,7 +368,7 @@ class KafkaConsumerBase:
         try:
             await self._consumer.start()
             await self._producer.start()
-        except KafkaError as exc:
+        except CONNECT_ERRORS as exc:
             await self._close_clients()
             self._consumer = self._producer = None  # start() may be tried again
             raise KafkaUnavailableError(

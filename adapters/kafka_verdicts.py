@@ -27,6 +27,7 @@ from adapters.kafka_review import (
 )
 from adapters.kafka_source import (
     CLIENT_OPTION_KEYS,
+    CONNECT_ERRORS,
     METADATA_MAX_AGE_MS,
     ConsumerLag,
     KafkaUnavailableError,
@@ -182,7 +183,7 @@ class KafkaVerdictConsumer:
             await self._consumer.start()
             await self._producer.start()
             await self._assign()
-        except KafkaError as exc:
+        except CONNECT_ERRORS as exc:
             await self._close_clients()
             self._consumer = self._producer = None
             self._assigned = frozenset()

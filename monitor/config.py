@@ -46,7 +46,9 @@ __all__ = [
     "BudgetSettings",
     "CircuitBreakerSettings",
     "EndpointSettings",
+    "KafkaSaslSettings",
     "KafkaSettings",
+    "KafkaTlsSettings",
     "ListenSettings",
     "MatchSettings",
     "RedactionRuleSettings",
@@ -270,9 +272,53 @@ class TrafficSettings(_Strict):
         return self
 
 
+class KafkaTlsSettings(_Strict):
+    """TLS to the brokers (``security_protocol`` SSL or SASL_SSL)."""
+
+    ca_file: Path | None = None  # PEM CA bundle; else the system's CAs
+    cert_file: Path | None = None  # client certificate (mutual TLS), with key_file
+    key_file: Path | None = None  # its private key (PEM, unencrypted)
+    check_hostname: bool = True
+
+
+class KafkaSaslSettings(_Strict):
+    """SASL authentication (``security_protocol`` SASL_PLAINTEXT or SASL_SSL)."""
+
+    mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    username: str | None = None
+    password: SecretStr | None = None  # or RELMON_KAFKA__SASL__PASSWORD
+    password_file: Path | None = None  # e.g. a mounted Kubernetes Secret
+
+    def configured(self) -> bool:
+        """Whether a SASL setting other than the password is given (a password alone, as
+        from RELMON_KAFKA__SASL__PASSWORD, is unused without a SASL protocol)."""
+        return any(
+            getattr(self, name) is not None for name in ("mechanism", "username", "password_file")
+        )
+
+    def resolved_password(self) -> str | None:
+        """``password``, else the contents of ``password_file``, else None."""
+        if self.password is not None and self.password.get_secret_value():
+            return self.password.get_secret_value()
+        if self.password_file is not None:
+            return _read_secret(self.password_file, "kafka.sasl.password_file")
+        return None
+
+
 class KafkaSettings(_Strict):
     enabled: bool = False
     bootstrap_servers: str = "127.0.0.1:9092"
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    tls: KafkaTlsSettings = KafkaTlsSettings()
+    sasl: KafkaSaslSettings = KafkaSaslSettings()
+    session_timeout_ms: int | None = Field(None, ge=1)
+    """Consumer group session timeout (aiokafka's default, 10 s, when unset)."""
+    heartbeat_interval_ms: int | None = Field(None, ge=1)
+    """Heartbeats to the group coordinator (aiokafka: 3 s); below the session timeout."""
+    max_poll_interval_ms: int | None = Field(None, ge=1)
+    """Longest time between two fetches before the member leaves the group (5 min)."""
+    rebalance_timeout_ms: int | None = Field(None, ge=1)
+    """How long a rebalance waits for members to rejoin (aiokafka: the session timeout)."""
     traffic_topic: str = "llm-traffic"
     dead_letter_topic: str = "relmon-dead-letter"
     group_id: str = "relmon"
@@ -617,6 +663,109 @@ def _state_dir_problem(path: Path) -> str | None:
     return None
 
 
+_AIOKAFKA_SESSION_TIMEOUT_MS = 10_000
+_AIOKAFKA_HEARTBEAT_INTERVAL_MS = 3_000
+
+
+def _file_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be read (None if it can)."""
+    try:
+        with path.open("rb") as handle:
+            handle.read(1)
+    except OSError as exc:
+        return f"cannot read {path}: {exc.strerror}"
+    return None
+
+
+def _kafka_problems(kafka: KafkaSettings) -> tuple[list[str], list[str]]:
+    """Problems and warnings of ``kafka``'s security and group settings."""
+    problems: list[str] = []
+    warnings: list[str] = []
+    protocol = kafka.security_protocol
+    tls, sasl = kafka.tls, kafka.sasl
+    uses_tls = protocol in ("SSL", "SASL_SSL")
+    uses_sasl = protocol in ("SASL_PLAINTEXT", "SASL_SSL")
+    if tls.model_fields_set and not uses_tls:
+        problems.append(
+            f"kafka.tls: set, but kafka.security_protocol is {protocol}, which does not use "
+            "TLS; use SSL or SASL_SSL (or remove kafka.tls)"
+        )
+    if sasl.configured() and not uses_sasl:
+        problems.append(
+            f"kafka.sasl: set, but kafka.security_protocol is {protocol}, which does not "
+            "authenticate with SASL; use SASL_SSL or SASL_PLAINTEXT (or remove kafka.sasl)"
+        )
+    if uses_tls:
+        if (tls.cert_file is None) != (tls.key_file is None):
+            given, missing = (
+                ("cert_file", "key_file")
+                if tls.key_file is None
+                else (
+                    "key_file",
+                    "cert_file",
+                )
+            )
+            problems.append(
+                f"kafka.tls.{missing}: required with kafka.tls.{given} (mutual TLS needs "
+                "both the client certificate and its key)"
+            )
+        unreadable = False
+        for name in ("ca_file", "cert_file", "key_file"):
+            path = getattr(tls, name)
+            problem = _file_problem(path) if path is not None else None
+            if problem:
+                problems.append(f"kafka.tls.{name}: {problem}")
+                unreadable = True
+        if not unreadable and not problems:
+            from adapters.kafka_clients import build_ssl_context
+
+            try:
+                build_ssl_context(tls)
+            except ConfigError as exc:
+                problems.append(str(exc))
+    if uses_sasl:
+        if sasl.mechanism is None:
+            problems.append(
+                f"kafka.sasl.mechanism: required with security_protocol {protocol}: "
+                "PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512"
+            )
+        if not sasl.username:
+            problems.append(f"kafka.sasl.username: required with security_protocol {protocol}")
+        if sasl.password is not None and sasl.password_file is not None:
+            problems.append(
+                "kafka.sasl.password_file: set either kafka.sasl.password (or "
+                "RELMON_KAFKA__SASL__PASSWORD) or password_file, not both"
+            )
+        elif sasl.password_file is not None:
+            try:
+                sasl.resolved_password()
+            except ConfigError as exc:
+                problems.append(str(exc))
+        elif sasl.password is None or not sasl.password.get_secret_value():
+            problems.append(
+                f"kafka.sasl.password: required with security_protocol {protocol}: set "
+                "kafka.sasl.password, RELMON_KAFKA__SASL__PASSWORD or kafka.sasl.password_file"
+            )
+        if protocol == "SASL_PLAINTEXT" and sasl.mechanism == "PLAIN":
+            warnings.append(
+                "kafka.sasl.mechanism: PLAIN over SASL_PLAINTEXT sends the password in clear "
+                "text on the network; use SASL_SSL (or a SCRAM mechanism)"
+            )
+    session = kafka.session_timeout_ms or _AIOKAFKA_SESSION_TIMEOUT_MS
+    heartbeat = kafka.heartbeat_interval_ms or _AIOKAFKA_HEARTBEAT_INTERVAL_MS
+    if heartbeat >= session:
+        field = (
+            "heartbeat_interval_ms"
+            if kafka.heartbeat_interval_ms is not None
+            else "session_timeout_ms"
+        )
+        problems.append(
+            f"kafka.{field}: the heartbeat interval ({heartbeat} ms) must be below the "
+            f"session timeout ({session} ms), typically a third of it"
+        )
+    return problems, warnings
+
+
 def validate_settings(settings: Settings, *, review_token: str | None = None) -> list[str]:
     """Everything ``relmon run`` needs beyond the field checks; returns warnings.
 
@@ -682,6 +831,10 @@ def validate_settings(settings: Settings, *, review_token: str | None = None) ->
             )
     if settings.review.backend == "kafka" and not settings.kafka.enabled:
         problems.append("review.backend: 'kafka' needs kafka.enabled: true")
+    kafka_warnings: list[str] = []
+    if settings.kafka.enabled:
+        kafka_problems, kafka_warnings = _kafka_problems(settings.kafka)
+        problems += kafka_problems
     if settings.review.backend == "http":
         problem = _state_dir_problem(settings.state_dir)
         if problem:
@@ -713,7 +866,7 @@ def validate_settings(settings: Settings, *, review_token: str | None = None) ->
             )
     if problems:
         raise ConfigError("\n".join(f"{settings._source}: {p}" for p in problems))
-    return [f"{settings._source}: {w}" for w in budget_warnings(settings)]
+    return [f"{settings._source}: {w}" for w in [*kafka_warnings, *budget_warnings(settings)]]
 
 
 def effective_settings(settings: Settings) -> dict[str, Any]:
@@ -722,6 +875,7 @@ def effective_settings(settings: Settings) -> dict[str, Any]:
     data["review"]["token"] = "**********" if settings.review.token else None
     data["review_token"] = "**********" if settings.review_token else None
     data["query_hash_key"] = "**********" if settings.query_hash_key else None
+    data["kafka"]["sasl"]["password"] = "**********" if settings.kafka.sasl.password else None
     for task, raw in zip(data["tasks"], settings.tasks, strict=True):
         task["endpoint"]["api_key"] = "**********" if raw.endpoint.api_key else None
     data["environment_overrides"] = sorted(k for k in os.environ if k.startswith("RELMON_"))

@@ -200,7 +200,26 @@ async def start_service(settings: Settings, *, review_token: str | None = None) 
 
     The settings are validated first (:func:`~monitor.config.validate_settings`, the
     same check as ``relmon check-config``), before any port is bound or file created.
+    When Kafka cannot be reached at start the error says why (TLS verification, SASL
+    authentication, nothing listening), found by one more connection with the same
+    options; ``relmon run`` then exits with status 2.
     """
+    try:
+        return await _start_service(settings, review_token=review_token)
+    except RelmonError as exc:
+        if not (settings.kafka.enabled and exc.retriable):
+            raise
+        from adapters.kafka_clients import client_options, connection_problem
+
+        problem = await connection_problem(
+            settings.kafka.bootstrap_servers, client_options(settings.kafka)
+        )
+        if problem is None:
+            raise
+        raise type(exc)(f"cannot reach Kafka at {problem}") from exc
+
+
+async def _start_service(settings: Settings, *, review_token: str | None) -> Running:
     for warning in validate_settings(settings, review_token=review_token):
         log.warning("config_warning", message=warning)
     registry = CollectorRegistry()
@@ -214,8 +233,18 @@ async def start_service(settings: Settings, *, review_token: str | None = None) 
     redactor = settings.redaction.redactor()
     kafka_store: Any = None  # with review.backend kafka: its store and queue
     kafka_queue: Any = None
+    kafka_options: dict[str, Any] = {}
+    if settings.kafka.enabled:
+        from adapters.kafka_clients import client_options
+
+        kafka_options = client_options(settings.kafka)  # one SSL context for every client
     if settings.review.backend == "kafka":
-        from adapters.kafka_review import KafkaCalibrationStore, KafkaReviewQueue, durable_producer
+        from adapters.kafka_review import (
+            KafkaCalibrationStore,
+            KafkaReviewQueue,
+            durable_producer,
+            start_producer,
+        )
 
         by_name = {t.name: t for t in tasks}
 
@@ -230,9 +259,10 @@ async def start_service(settings: Settings, *, review_token: str | None = None) 
             settings.kafka.verdict_topic,
             score,
             dead_letter_topic=settings.kafka.verdict_dead_letter_topic,
+            **kafka_options,
         )
-        producer = durable_producer(settings.kafka.bootstrap_servers)
-        await producer.start()
+        producer = durable_producer(settings.kafka.bootstrap_servers, **kafka_options)
+        await start_producer(producer, settings.kafka.bootstrap_servers)
         closers.append(producer.stop)
         review_queue = kafka_queue = KafkaReviewQueue(producer, settings.kafka.review_topic)
     else:
@@ -331,6 +361,7 @@ async def start_service(settings: Settings, *, review_token: str | None = None) 
             host, port = settings.traffic.host, running.traffic_server.bound_port
             running.review_server.traffic_url = f"http://{host}:{port}"
     if settings.kafka.enabled:
+        from adapters.kafka_clients import group_options
         from adapters.kafka_source import KafkaEventSource
 
         metrics.init_source("kafka")
@@ -342,6 +373,8 @@ async def start_service(settings: Settings, *, review_token: str | None = None) 
             functools.partial(service.offer, wait=True),  # paced by the budget, never dropped
             service.reject,
             lag_gauge=metrics.kafka_consumer_lag,
+            **kafka_options,
+            **group_options(settings.kafka),
         )
         await source.start()
         sources.append(source)

@@ -18,13 +18,16 @@ from pydantic import BaseModel
 from monitor.cli import build_parser, main
 from monitor.config import Settings, load_settings, validate_settings
 from monitor.metrics import Metrics
+from tests.kafka.tls import make_pki
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # Owned and landed separately (deployment files): links into them are not checked here.
 EXTERNAL_DIRS = ("helm/",)
 FRAGMENT_BASE = {"tasks": [{"name": "example", "endpoint": {"model": "m"}}]}
-SECRET_FILE_KEYS = {"api_key_file", "token_file"}
+SECRET_FILE_KEYS = {"api_key_file", "token_file", "password_file"}
+TLS_FILE_KEYS = {"ca_file": "ca", "cert_file": "client_cert", "key_file": "client_key"}
+"""Kafka TLS files in examples: pointed at a throwaway CA and client certificate."""
 
 
 def yaml_blocks() -> list[Any]:
@@ -46,6 +49,8 @@ def _secret_files(node: Any, tmp_path: Path) -> Any:
                 f = tmp_path / f"secret-{len(list(tmp_path.iterdir()))}"
                 f.write_text("s3cret-value\n")
                 out[key] = str(f)
+            elif key in TLS_FILE_KEYS and isinstance(value, str):
+                out[key] = str(getattr(make_pki(tmp_path / "pki"), TLS_FILE_KEYS[key]))
             else:
                 out[key] = _secret_files(value, tmp_path)
         return out
@@ -70,6 +75,8 @@ def test_every_yaml_example_passes_check_config(
         if key.upper().startswith("RELMON_"):
             monkeypatch.delenv(key)
     monkeypatch.setenv("RELMON_REVIEW_TOKEN", "example-token")  # as the docs say to
+    if "password_file" not in block:  # the docs give the password one way or the other
+        monkeypatch.setenv("RELMON_KAFKA__SASL__PASSWORD", "example-password")
     data = yaml.safe_load(block)
     assert isinstance(data, dict), "a configuration example is a mapping"
     rewritten = _secret_files(data, tmp_path / "secrets" if _mkdir(tmp_path) else tmp_path)

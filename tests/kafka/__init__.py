@@ -47,9 +47,9 @@ def unique(prefix: str) -> str:
     return f"{prefix}-{os.getpid()}-{next(_counter)}"
 
 
-async def new_topic(bootstrap: str, prefix: str, partitions: int = 1) -> str:
+async def new_topic(bootstrap: str, prefix: str, partitions: int = 1, **options: Any) -> str:
     name = unique(prefix)
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **options)
     await admin.start()
     try:
         await admin.create_topics([NewTopic(name, partitions, 1)])
@@ -79,9 +79,11 @@ async def produce(
     partition: int | None = None,
     keys: Sequence[bytes | None] | None = None,
     timestamps_ms: Sequence[int] | None = None,
+    **options: Any,
 ) -> list[Any]:
-    """Send ``values`` one by one (acks=all); returns their RecordMetadata."""
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    """Send ``values`` one by one (acks=all); returns their RecordMetadata. ``options``:
+    more client options (security)."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", **options)
     await producer.start()
     try:
         out = []
@@ -101,11 +103,15 @@ async def produce(
 
 
 async def read_all(
-    bootstrap: str, topic: str, *, at_least: int = 0, timeout_s: float = 60
+    bootstrap: str, topic: str, *, at_least: int = 0, timeout_s: float = 60, **options: Any
 ) -> list[Any]:
-    """Every record of ``topic`` (waiting until there are ``at_least``), by partition."""
+    """Every record of ``topic`` (waiting until there are ``at_least``), by partition.
+    ``options``: more client options (security)."""
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest"
+        bootstrap_servers=bootstrap,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        **options,
     )
     await consumer.start()
     try:
@@ -169,11 +175,14 @@ async def eventually(
         await asyncio.sleep(0.02)
 
 
-async def relmon_topics(bootstrap: str, *, traffic_partitions: int = 1) -> dict[str, str]:
+async def relmon_topics(
+    bootstrap: str, *, traffic_partitions: int = 1, **options: Any
+) -> dict[str, str]:
     """Fresh topics for one relmon on Kafka: traffic, review, verdict and dead letters."""
     names = ("traffic", "review", "verdict", "dlq", "verdict-dlq")
     return {
-        k: await new_topic(bootstrap, k, traffic_partitions if k == "traffic" else 1) for k in names
+        k: await new_topic(bootstrap, k, traffic_partitions if k == "traffic" else 1, **options)
+        for k in names
     }
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -25,10 +25,15 @@ ATTEMPTS = 3  # a free port can be taken between probing it and the broker bindi
 
 
 def spawn_broker(
-    port: int, log_dir: Path, *, advertised_port: int | None = None
+    port: int,
+    log_dir: Path,
+    *,
+    advertised_port: int | None = None,
+    extra_args: Sequence[str] = (),
 ) -> subprocess.Popen[bytes]:
     """A Tansu broker on 127.0.0.1:``port`` (in memory), logging to ``log_dir``; it
-    tells clients to connect to ``advertised_port`` if given (a relay in front of it)."""
+    tells clients to connect to ``advertised_port`` if given (a relay in front of it).
+    ``extra_args``: more ``tansu broker`` flags (``--authentication``)."""
     url = f"tcp://127.0.0.1:{port}"
     advertised = url if advertised_port is None else f"tcp://127.0.0.1:{advertised_port}"
     with open(log_dir / f"tansu-{port}.log", "ab") as log:
@@ -42,6 +47,7 @@ def spawn_broker(
                 advertised,
                 "--storage-engine",
                 "memory://tansu/",
+                *extra_args,
             ],
             stdin=subprocess.DEVNULL,
             stdout=log,

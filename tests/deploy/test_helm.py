@@ -5,6 +5,7 @@ application chart, and the PrometheusRule / dashboard generated from deploy/ (no
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import shutil
@@ -18,6 +19,7 @@ import pytest
 import yaml
 
 from monitor.config import load_settings, validate_settings
+from tests.kafka.tls import make_pki
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "relmon"
@@ -123,7 +125,14 @@ def test_the_rendered_relmon_config_passes_relmons_own_validation(
     for key in ("review-token", "api-key-support"):  # what existingSecret must provide
         if values_of(scenario).get("secret", {}).get("existingSecret"):
             (secrets / key).write_text("s3cret\n")
+    tls = tmp_path / "kafka-tls"  # the user's Secret of TLS files, with a throwaway CA
+    tls.mkdir()
+    pki = make_pki(tmp_path / "pki")
+    for key, source in (("ca.crt", pki.ca), ("user.crt", pki.client_cert)):
+        (tls / key).write_bytes(source.read_bytes())
+    (tls / "user.key").write_bytes(pki.client_key.read_bytes())
     path = tmp_path / "relmon.yaml"
+    config = config.replace("/etc/relmon/kafka-tls/", f"{tls}/")
     path.write_text(config.replace("/etc/relmon/secrets/", f"{secrets}/"))
     settings = load_settings(path)
     assert settings.metrics.port == 9108 and str(settings.state_dir) == "/var/lib/relmon"
@@ -367,3 +376,95 @@ def test_a_tasks_endpoint_settings_reach_relmon_unchanged(tmp_path: Path) -> Non
     path.write_text(text)
     breaker = load_settings(path).tasks[0].endpoint.circuit_breaker
     assert (breaker.failures, breaker.cooldown_s) == (2, 7.5)
+
+
+def test_kafka_security_comes_from_the_secrets() -> None:
+    """SASL_SSL with a client certificate: the password only in the chart's Secret (read
+    from a file), the TLS files from the user's Secret, mounted read-only."""
+    values = values_of(CHART / "ci" / "kafka-secured-values.yaml")
+    docs = render(values)
+    [secret] = by_kind(docs, "Secret")
+    password = values["secret"]["kafkaSaslPassword"]
+    assert base64.b64decode(secret["data"]["kafka-sasl-password"]).decode() == password
+    for doc in docs:
+        if doc["kind"] != "Secret":
+            assert password not in json.dumps(doc), doc["kind"]
+    kafka = yaml.safe_load(by_kind(docs, "ConfigMap")[0]["data"]["relmon.yaml"])["kafka"]
+    assert kafka["security_protocol"] == "SASL_SSL"
+    assert kafka["sasl"] == {
+        "mechanism": "SCRAM-SHA-512",
+        "username": "relmon",
+        "password_file": "/etc/relmon/secrets/kafka-sasl-password",
+    }
+    assert kafka["tls"] == {
+        "ca_file": "/etc/relmon/kafka-tls/ca.crt",
+        "cert_file": "/etc/relmon/kafka-tls/user.crt",
+        "key_file": "/etc/relmon/kafka-tls/user.key",
+        "check_hostname": True,
+    }
+    assert kafka["session_timeout_ms"] == 45000 and kafka["heartbeat_interval_ms"] == 15000
+    assert kafka["max_poll_interval_ms"] == 600000 and "rebalance_timeout_ms" not in kafka
+    pod = by_kind(docs, "Deployment")[0]["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["relmon-kafka-tls"]["secret"]["secretName"] == "relmon-kafka-tls"
+    mounts = {m["name"]: m for m in pod["containers"][0]["volumeMounts"]}
+    assert mounts["relmon-kafka-tls"] == {
+        "name": "relmon-kafka-tls",
+        "mountPath": "/etc/relmon/kafka-tls",
+        "readOnly": True,
+    }
+    # Defaults: plain Kafka, no TLS volume, no SASL, aiokafka's group timeouts.
+    docs = render({"review": {"backend": "kafka"}, "kafka": {"enabled": True}})
+    kafka = yaml.safe_load(by_kind(docs, "ConfigMap")[0]["data"]["relmon.yaml"])["kafka"]
+    assert kafka["security_protocol"] == "PLAINTEXT"
+    assert not {"tls", "sasl", "session_timeout_ms"} & kafka.keys()
+    pod = by_kind(docs, "Deployment")[0]["spec"]["template"]["spec"]
+    assert "relmon-kafka-tls" not in {v["name"] for v in pod["volumes"]}
+    # TLS with the system's CAs: no Secret to mount, no file.
+    docs = render({"kafka": {"enabled": True, "securityProtocol": "SSL"}})
+    kafka = yaml.safe_load(by_kind(docs, "ConfigMap")[0]["data"]["relmon.yaml"])["kafka"]
+    assert kafka["tls"] == {"check_hostname": True}
+
+
+SECURED = {"review": {"backend": "kafka"}, "kafka": {"enabled": True}}
+
+
+@pytest.mark.parametrize(
+    ("kafka", "secret", "message"),
+    [
+        ({"securityProtocol": "SASL_SSL"}, {}, "needs kafka.sasl.mechanism"),
+        (
+            {"securityProtocol": "SASL_SSL", "sasl": {"mechanism": "PLAIN", "username": "u"}},
+            {},
+            "needs the password",
+        ),
+        ({"sasl": {"mechanism": "PLAIN", "username": "u"}}, {}, "kafka.sasl is set"),
+        ({"tls": {"existingSecret": "s"}}, {}, "kafka.tls.existingSecret is set"),
+        (
+            {"securityProtocol": "SSL", "tls": {"existingSecret": "s", "certKey": "tls.crt"}},
+            {},
+            "go together",
+        ),
+    ],
+)
+def test_the_template_refuses_incomplete_kafka_security(
+    kafka: dict[str, Any], secret: dict[str, Any], message: str
+) -> None:
+    values = {**SECURED, "kafka": {"enabled": True, **kafka}, "secret": secret}
+    with pytest.raises(helm_python.HelmRenderError, match=message):
+        render(values)
+
+
+@pytest.mark.parametrize(
+    "kafka",
+    [
+        {"securityProtocol": "TLS"},
+        {"sasl": {"mechanism": "SCRAM-SHA-1"}},
+        {"sessionTimeoutMs": 0},
+        {"tls": {"caFile": "/x"}},
+    ],
+)
+def test_schema_rejects_bad_kafka_security_values(kafka: dict[str, Any]) -> None:
+    chart = helm_python.Chart.load(CHART)
+    with pytest.raises(helm_python.HelmValuesError):
+        chart.validate_schema({"kafka": kafka})

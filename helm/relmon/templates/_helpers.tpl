@@ -81,9 +81,71 @@ possible): SQLite is single-writer, so more than one replica needs the Kafka bac
 {{- if and (eq .Values.review.backend "http") (not .Values.secret.create) (not .Values.secret.existingSecret) }}
 {{- fail "the HTTP review backend needs a token file: keep secret.create or set secret.existingSecret" }}
 {{- end }}
+{{- $k := .Values.kafka }}
+{{- $sasl := has $k.securityProtocol (list "SASL_PLAINTEXT" "SASL_SSL") }}
+{{- if and $sasl (not (and $k.sasl.mechanism $k.sasl.username)) }}
+{{- fail (printf "kafka.securityProtocol %s needs kafka.sasl.mechanism and kafka.sasl.username" $k.securityProtocol) }}
+{{- end }}
+{{- if and $sasl (not .Values.secret.existingSecret) (not (and .Values.secret.create .Values.secret.kafkaSaslPassword)) }}
+{{- fail "a SASL kafka.securityProtocol needs the password: secret.kafkaSaslPassword (with secret.create), or secret.existingSecret with the key kafka-sasl-password" }}
+{{- end }}
+{{- if and (or $k.sasl.mechanism $k.sasl.username) (not $sasl) }}
+{{- fail "kafka.sasl is set but kafka.securityProtocol is not SASL_PLAINTEXT or SASL_SSL" }}
+{{- end }}
+{{- if and $k.tls.existingSecret (not (include "relmon.kafkaTls" .)) }}
+{{- fail "kafka.tls.existingSecret is set but kafka.securityProtocol is not SSL or SASL_SSL" }}
+{{- end }}
+{{- if ne (empty $k.tls.certKey) (empty $k.tls.keyKey) }}
+{{- fail "kafka.tls.certKey and kafka.tls.keyKey go together (mutual TLS needs the certificate and its key)" }}
+{{- end }}
+{{- if and $k.tls.certKey (not $k.tls.existingSecret) }}
+{{- fail "kafka.tls.certKey needs kafka.tls.existingSecret (the Secret holding the client certificate)" }}
+{{- end }}
 {{- if and (eq .Values.mode "standalone") (eq .Values.traffic.mode "off") (not .Values.kafka.enabled) }}
 {{- fail "standalone relmon needs a traffic source: traffic.mode mirror/proxy or kafka.enabled" }}
 {{- end }}
+{{- end }}
+
+{{/*
+"true" when Kafka is reached over TLS (securityProtocol SSL or SASL_SSL).
+*/}}
+{{- define "relmon.kafkaTls" -}}
+{{- if has .Values.kafka.securityProtocol (list "SSL" "SASL_SSL") }}true{{ end }}
+{{- end }}
+
+{{/*
+"true" when the Kafka TLS Secret is mounted at /etc/relmon/kafka-tls.
+*/}}
+{{- define "relmon.kafkaTlsMounted" -}}
+{{- if and .Values.kafka.tls.existingSecret (include "relmon.kafkaTls" .) }}true{{ end }}
+{{- end }}
+
+{{/*
+relmon.yaml's kafka section: topics, security (files from the Secrets), group timeouts.
+*/}}
+{{- define "relmon.kafkaConfig" -}}
+{{- $k := .Values.kafka }}
+{{- $kafka := dict "enabled" $k.enabled "bootstrap_servers" $k.bootstrapServers "traffic_topic" $k.trafficTopic "dead_letter_topic" $k.deadLetterTopic "group_id" $k.groupId "review_topic" $k.reviewTopic "verdict_topic" $k.verdictTopic "verdict_dead_letter_topic" $k.verdictDeadLetterTopic "verdict_wait_s" $k.verdictWaitSeconds "security_protocol" $k.securityProtocol }}
+{{- if include "relmon.kafkaTls" . }}
+{{- $tls := dict "check_hostname" $k.tls.checkHostname }}
+{{- if and (include "relmon.kafkaTlsMounted" .) $k.tls.caKey }}
+{{- $_ := set $tls "ca_file" (printf "/etc/relmon/kafka-tls/%s" $k.tls.caKey) }}
+{{- end }}
+{{- if and (include "relmon.kafkaTlsMounted" .) $k.tls.certKey }}
+{{- $_ := set $tls "cert_file" (printf "/etc/relmon/kafka-tls/%s" $k.tls.certKey) }}
+{{- $_ := set $tls "key_file" (printf "/etc/relmon/kafka-tls/%s" $k.tls.keyKey) }}
+{{- end }}
+{{- $_ := set $kafka "tls" $tls }}
+{{- end }}
+{{- if has $k.securityProtocol (list "SASL_PLAINTEXT" "SASL_SSL") }}
+{{- $_ := set $kafka "sasl" (dict "mechanism" $k.sasl.mechanism "username" $k.sasl.username "password_file" "/etc/relmon/secrets/kafka-sasl-password") }}
+{{- end }}
+{{- range $name, $field := dict "sessionTimeoutMs" "session_timeout_ms" "heartbeatIntervalMs" "heartbeat_interval_ms" "maxPollIntervalMs" "max_poll_interval_ms" "rebalanceTimeoutMs" "rebalance_timeout_ms" }}
+{{- if not (kindIs "invalid" (index $k $name)) }}
+{{- $_ := set $kafka $field (int (index $k $name)) }}
+{{- end }}
+{{- end }}
+{{- toYaml $kafka }}
 {{- end }}
 
 {{/*
@@ -102,8 +164,7 @@ relmon.yaml: the user's config with the chart-managed keys set from the values.
 {{- $_ := set $traffic "upstream_url" .Values.traffic.upstreamUrl }}
 {{- end }}
 {{- $_ := set $cfg "traffic" $traffic }}
-{{- $k := .Values.kafka }}
-{{- $_ := set $cfg "kafka" (dict "enabled" $k.enabled "bootstrap_servers" $k.bootstrapServers "traffic_topic" $k.trafficTopic "dead_letter_topic" $k.deadLetterTopic "group_id" $k.groupId "review_topic" $k.reviewTopic "verdict_topic" $k.verdictTopic "verdict_dead_letter_topic" $k.verdictDeadLetterTopic "verdict_wait_s" $k.verdictWaitSeconds) }}
+{{- $_ := set $cfg "kafka" (include "relmon.kafkaConfig" . | fromYaml) }}
 {{- $_ := set $cfg "state_dir" "/var/lib/relmon" }}
 {{- if and .Values.secret.create (not .Values.secret.existingSecret) }}
 {{- $_ := set $cfg "query_hash_key_file" "/etc/relmon/secrets/query-hash-key" }}
@@ -190,6 +251,11 @@ application's traffic away because monitoring stopped, so they use /readyz/traff
       mountPath: /etc/relmon/secrets
       readOnly: true
     {{- end }}
+    {{- if include "relmon.kafkaTlsMounted" . }}
+    - name: relmon-kafka-tls
+      mountPath: /etc/relmon/kafka-tls
+      readOnly: true
+    {{- end }}
     - name: relmon-state
       mountPath: /var/lib/relmon
     - name: relmon-tmp
@@ -204,6 +270,12 @@ application's traffic away because monitoring stopped, so they use /readyz/traff
 - name: relmon-secrets
   secret:
     secretName: {{ include "relmon.secretName" . }}
+    defaultMode: 0440
+{{- end }}
+{{- if include "relmon.kafkaTlsMounted" . }}
+- name: relmon-kafka-tls
+  secret:
+    secretName: {{ .Values.kafka.tls.existingSecret }}
     defaultMode: 0440
 {{- end }}
 - name: relmon-state

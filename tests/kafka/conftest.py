@@ -12,6 +12,7 @@ import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
@@ -60,12 +61,13 @@ def _spawn(log_dir: Path) -> tuple[str, subprocess.Popen[bytes]]:
     return f"127.0.0.1:{port}", spawn_broker(port, log_dir)
 
 
-async def _wait_ready(bootstrap: str, proc: subprocess.Popen[bytes]) -> None:
+async def _wait_ready(bootstrap: str, proc: subprocess.Popen[bytes], **options: Any) -> None:
+    """Wait until the broker answers a metadata request (``options``: client security)."""
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while True:
         if proc.poll() is not None:
             raise RuntimeError(f"tansu exited with {proc.returncode} during start")
-        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=2000)
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=2000, **options)
         try:
             await admin.start()
             await admin.list_topics()

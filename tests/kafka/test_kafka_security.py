@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 from aiokafka.helpers import create_ssl_context
 from prometheus_client.parser import text_string_to_metric_families
@@ -49,7 +48,13 @@ from tests.kafka import (
     relmon_topics,
     unique,
 )
-from tests.kafka.conftest import ATTEMPTS, STARTUP_TIMEOUT_S, spawn_broker, stop_broker
+from tests.kafka.conftest import (
+    ATTEMPTS,
+    STARTUP_TIMEOUT_S,
+    _wait_ready,
+    spawn_broker,
+    stop_broker,
+)
 from tests.kafka.tls import Pki, TlsRelay, make_pki
 
 pytestmark = pytest.mark.timeout(240)
@@ -66,26 +71,6 @@ def tls_options(pki: Pki) -> dict[str, Any]:
         cafile=str(pki.ca), certfile=str(pki.client_cert), keyfile=str(pki.client_key)
     )
     return {"security_protocol": "SSL", "ssl_context": context}
-
-
-async def _wait_tls_ready(bootstrap: str, proc: subprocess.Popen[bytes], pki: Pki) -> None:
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"tansu exited with {proc.returncode} during start")
-        admin = AIOKafkaAdminClient(
-            bootstrap_servers=bootstrap, request_timeout_ms=2000, **tls_options(pki)
-        )
-        try:
-            await admin.start()
-            await admin.list_topics()
-            return
-        except KafkaError:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.1)
-        finally:
-            await admin.close()
 
 
 async def _wait_listening(port: int, proc: subprocess.Popen[bytes]) -> None:
@@ -120,7 +105,7 @@ async def _broker_behind_tls(
             if extra_args:
                 await _wait_listening(broker_port, proc)
             else:
-                await _wait_tls_ready(bootstrap, proc, pki)
+                await _wait_ready(bootstrap, proc, **tls_options(pki))
             return bootstrap, proc, relay
         except (RuntimeError, KafkaError, OSError):
             relay.stop()
@@ -150,11 +135,14 @@ def metrics_of(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float
 
 
 def run_relmon(
-    cfg: Path, log: Path, *, drain: bool = True, env: dict[str, str] | None = None, **kw: Any
+    cfg: Path, log: Path, *, out: Path | None = None, env: dict[str, str] | None = None
 ) -> subprocess.Popen[bytes]:
+    """``relmon run``; with ``out``, in drain mode writing the final metrics there. The
+    quiet time that ends the drain (10 s) leaves the test time to answer the review
+    items on a loaded machine."""
     args = [sys.executable, "-m", "monitor", "run", "--config", str(cfg)]
-    if drain:
-        args += ["--drain", "--idle-s", str(kw.get("idle_s", 6)), "--metrics-out", str(kw["out"])]
+    if out is not None:
+        args += ["--drain", "--idle-s", "10", "--metrics-out", str(out)]
     with log.open("ab") as handle:
         return subprocess.Popen(
             args, stdout=handle, stderr=subprocess.STDOUT, env=dict(os.environ) | (env or {})
@@ -244,7 +232,7 @@ async def _refused_start(
         port=free_port(),
         kafka=kafka,
     )
-    proc = run_relmon(cfg, log, drain=False, env=env)
+    proc = run_relmon(cfg, log, env=env)
     status = await finish(proc, 120)
     text = log.read_text()
     assert status == 2, text[-3000:]

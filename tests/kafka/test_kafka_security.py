@@ -57,7 +57,7 @@ from tests.kafka.conftest import (
 )
 from tests.kafka.tls import Pki, TlsRelay, make_pki
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = pytest.mark.timeout(600)
 
 
 @pytest.fixture(scope="module")

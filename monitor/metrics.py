@@ -204,6 +204,13 @@ class Metrics:
             mt,
             registry=registry,
         )
+        self.source_restarts = Counter(
+            "relmon_source_restarts",
+            "Restarts of a source after it failed: the Kafka traffic source (kafka) and the "
+            "verdict follower (verdicts). The mirror and proxy listeners are never restarted.",
+            ("source",),
+            registry=registry,
+        )
         self.budget_utilization = Gauge(
             "relmon_budget_utilization",
             "Share of the calls-per-minute budget reserved by admitted items (0..1).",
@@ -249,10 +256,14 @@ class Metrics:
         self.circuit_open.labels(model, task)
         self.review_submit_failures.labels(model, task)
 
-    def init_source(self, source: str) -> None:
-        """Create every ``relmon_traffic_events_total`` decision of one source at 0."""
-        for decision in TRAFFIC_DECISIONS:
-            self.traffic_events.labels(source, decision)
+    def init_source(self, source: str, *, traffic: bool = True) -> None:
+        """Create one configured source's series at 0: its ``relmon_source_restarts_total``
+        and, for a traffic source (not the verdict follower), every
+        ``relmon_traffic_events_total`` decision."""
+        self.source_restarts.labels(source)
+        if traffic:
+            for decision in TRAFFIC_DECISIONS:
+                self.traffic_events.labels(source, decision)
 
     def publish(
         self, model: str, task: str, snapshot: WindowSnapshot, alphas: Sequence[float]

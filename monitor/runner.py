@@ -341,6 +341,7 @@ async def _start_service(settings: Settings, *, review_token: str | None) -> Run
             on_item=service.note_review_item,
             lag_gauge=metrics.kafka_consumer_lag,
         )
+        metrics.init_source(verdicts.source_name, traffic=False)
         await verdicts.start()
         sources.append(verdicts)
     if settings.traffic.mode != "off":
@@ -379,7 +380,11 @@ async def _start_service(settings: Settings, *, review_token: str | None) -> Run
         await source.start()
         sources.append(source)
     running.tasks = [
-        asyncio.create_task(supervise(s), name=f"relmon-{type(s).__name__}") for s in sources
+        asyncio.create_task(
+            supervise(s, on_restart=metrics.source_restarts.labels(s.source_name).inc),
+            name=f"relmon-{type(s).__name__}",
+        )
+        for s in sources
     ]
     log.info(
         "relmon_started",
@@ -393,13 +398,17 @@ async def _start_service(settings: Settings, *, review_token: str | None) -> Run
     return running
 
 
-async def supervise(source: Any, *, max_delay_s: float = 30.0) -> None:
+async def supervise(
+    source: Any, *, max_delay_s: float = 30.0, on_restart: Callable[[], None] | None = None
+) -> None:
     """Run ``source`` until it stops; after a failure, restart it if it can.
 
     A source with a ``restart`` method (the Kafka traffic source, the verdict follower)
     is connected again after 1, 2, 4 ... up to ``max_delay_s`` seconds until that works,
-    then run again; meanwhile ``/readyz`` reports it not connected. Other sources'
-    failures are logged and end their task.
+    then run again; meanwhile ``/readyz`` reports it not connected. ``on_restart`` is
+    called after each successful restart (the service counts them in
+    ``relmon_source_restarts_total``). Other sources' failures are logged and end their
+    task.
     """
     while True:
         try:
@@ -426,6 +435,8 @@ async def supervise(source: Any, *, max_delay_s: float = 30.0) -> None:
             except RelmonError as exc:
                 log.warning("source_restart_failed", source=type(source).__name__, error=str(exc))
                 delay = min(2 * delay, max_delay_s)
+        if on_restart is not None:
+            on_restart()
         log.info("source_restarted", source=type(source).__name__)
 
 

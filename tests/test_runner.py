@@ -1,14 +1,17 @@
-"""The runner's wiring of a task: canonicalizer (with answer pattern), judge client, rule."""
+"""The runner's wiring of a task: canonicalizer (with answer pattern), judge client, rule;
+the supervisor's restarts and their count."""
 
 from __future__ import annotations
+
+import asyncio
 
 import pytest
 from prometheus_client import CollectorRegistry
 
 from monitor.config import TaskSettings
-from monitor.errors import ConfigError
+from monitor.errors import ConfigError, RelmonError
 from monitor.metrics import Metrics
-from monitor.runner import build_task
+from monitor.runner import build_task, supervise
 
 
 async def test_answer_pattern_wraps_the_canonicalizer() -> None:
@@ -169,3 +172,74 @@ async def test_not_ready_until_every_listener_is_up(
                 assert any("stopping" in r for r in (await resp.json())["reasons"])
         finally:
             await running.close(1)
+
+
+class FlakySource:
+    """Its first ``run_failures`` runs fail, then its first ``restart_failures`` restarts."""
+
+    def __init__(self, run_failures: int, restart_failures: int) -> None:
+        self.run_failures, self.restart_failures = run_failures, restart_failures
+        self.runs = self.restart_attempts = 0
+        self.stopped = False
+
+    async def run(self) -> None:
+        self.runs += 1
+        if self.run_failures:
+            self.run_failures -= 1
+            raise RelmonError("lost the broker")
+
+    async def restart(self) -> None:
+        self.restart_attempts += 1
+        if self.restart_failures:
+            self.restart_failures -= 1
+            raise RelmonError("still no broker")
+
+
+@pytest.mark.timeout(120)
+async def test_supervise_counts_the_restarts_that_worked_only() -> None:
+    """Two failed runs, the first restart fails: 3 attempts, 2 restarts counted, run 3 times."""
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    metrics.init_source("kafka")
+    source = FlakySource(run_failures=2, restart_failures=1)
+    counter = metrics.source_restarts.labels("kafka")
+    await asyncio.wait_for(supervise(source, max_delay_s=0.1, on_restart=counter.inc), 60)
+    assert (source.runs, source.restart_attempts) == (3, 3)
+    assert registry.get_sample_value("relmon_source_restarts_total", {"source": "kafka"}) == 2
+
+
+@pytest.mark.timeout(120)
+async def test_supervise_counts_nothing_for_a_source_stopped_while_down() -> None:
+    calls: list[int] = []
+    source = FlakySource(run_failures=1, restart_failures=0)
+    source.stopped = True  # stop() came while it was down: no restart
+    await asyncio.wait_for(supervise(source, on_restart=lambda: calls.append(1)), 60)
+    assert (source.runs, source.restart_attempts, calls) == (1, 0, [])
+
+
+async def test_supervise_does_not_restart_a_source_without_restart() -> None:
+    class Fragile:
+        async def run(self) -> None:
+            raise RelmonError("gone")
+
+    calls: list[int] = []
+    with pytest.raises(RelmonError, match="gone"):
+        await supervise(Fragile(), on_restart=lambda: calls.append(1))
+    assert calls == []
+
+
+def test_init_source_creates_restarts_for_every_source_and_traffic_only_for_traffic() -> None:
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    metrics.init_source("mirror")
+    metrics.init_source("verdicts", traffic=False)
+    for source in ("mirror", "verdicts"):
+        labels = {"source": source}
+        assert registry.get_sample_value("relmon_source_restarts_total", labels) == 0
+    traffic = {
+        s.labels["source"]
+        for family in registry.collect()
+        if family.name == "relmon_traffic_events"
+        for s in family.samples
+    }
+    assert traffic == {"mirror"}

@@ -79,6 +79,12 @@ async def test_fresh_run_serves_every_series_at_zero(tmp_path: Path) -> None:
     for decision in ("sampled", "skipped", "duplicate", "dropped", "rejected"):
         key = ("relmon_traffic_events_total", (("decision", decision), ("source", "mirror")))
         assert samples[key] == 0
+    # Every configured source's restarts (this run's only source: the mirror listener).
+    assert samples[("relmon_source_restarts_total", (("source", "mirror"),))] == 0
+    sources = {
+        dict(labels)["source"] for n, labels in samples if n == "relmon_source_restarts_total"
+    }
+    assert sources == {"mirror"}
     for alpha in ALPHAS:
         assert value("relmon_coverage_checks_total", alpha=alpha) == 0
         assert value("relmon_coverage_misses_total", alpha=alpha) == 0

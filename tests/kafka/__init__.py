@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import yaml
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -24,6 +25,7 @@ __all__ = [
     "event_bytes",
     "eventually",
     "free_port",
+    "http_get",
     "new_topic",
     "produce",
     "read_all",
@@ -40,6 +42,17 @@ FAST_GROUP = {"session_timeout_ms": 1000, "heartbeat_interval_ms": 100, "rebalan
 Tansu numbers the first generation 0, so aiokafka skips LeaveGroup on stop and a
 restarted member waits for the old one's session to expire: keep sessions short.
 """
+
+
+async def http_get(port: int, path: str, timeout_s: float = 30.0) -> tuple[int, str]:
+    """The status and body of ``GET http://127.0.0.1:<port><path>``."""
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(
+            f"http://127.0.0.1:{port}{path}", timeout=aiohttp.ClientTimeout(total=timeout_s)
+        ) as resp,
+    ):
+        return resp.status, await resp.text()
 
 
 def unique(prefix: str) -> str:

@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from monitor.canon import get_canonicalizer
 from monitor.demo.model import QuestionBank, SimulatedModel, truth_of
 from monitor.sampler import sampled
-from tests.kafka import committed, eventually, free_port, new_topic, produce, unique
+from tests.kafka import committed, eventually, free_port, http_get, new_topic, produce, unique
 from tests.kafka.conftest import _wait_ready, spawn_broker, stop_broker
 
 pytestmark = pytest.mark.timeout(600)  # ~40 s unloaded: room for a machine 10x slower
@@ -110,13 +110,7 @@ class Replica:
         return f"--- {self.name}\n" + self.log.read_text(errors="replace")[-3000:]
 
     async def get(self, path: str) -> tuple[int, str]:
-        async with (
-            aiohttp.ClientSession() as session,
-            session.get(
-                f"http://127.0.0.1:{self.port}{path}", timeout=aiohttp.ClientTimeout(total=10)
-            ) as resp,
-        ):
-            return resp.status, await resp.text()
+        return await http_get(self.port, path, timeout_s=10)
 
     async def status(self, path: str = "/readyz") -> int:
         try:

@@ -1,16 +1,60 @@
 """A Kafka traffic source whose run failed is restarted by the runner's supervisor and
 takes events again (a dead-letter write that failed during a broker outage, simulated at
-the adapter boundary), instead of staying down with the process up."""
+the adapter boundary), instead of staying down with the process up; every restart that
+worked is counted in ``relmon_source_restarts_total{source="kafka"}``."""
 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
 
 from adapters.kafka_source import KafkaEventSource
+from monitor.config import load_settings
 from monitor.events import TrafficEvent
+from monitor.metrics import Metrics
 from monitor.ports import Admission
-from monitor.runner import supervise
-from tests.kafka import FAST_GROUP, event_bytes, eventually, new_topic, produce, unique
+from monitor.runner import Running, start_service, supervise
+from tests.kafka import (
+    FAST_GROUP,
+    event_bytes,
+    eventually,
+    free_port,
+    http_get,
+    new_topic,
+    produce,
+    relmon_config,
+    relmon_topics,
+    unique,
+)
+
+
+def restarts(registry: CollectorRegistry, source: str) -> float | None:
+    """``relmon_source_restarts_total{source}``; None if the series does not exist."""
+    return registry.get_sample_value("relmon_source_restarts_total", {"source": source})
+
+
+async def scrape(port: int) -> str:
+    status, text = await http_get(port, "/metrics")
+    assert status == 200
+    return text
+
+
+async def start_on_kafka(
+    bootstrap: str, tmp_path: Path, **kafka: Any
+) -> tuple[Running, dict[str, str], int]:
+    """A started ``relmon`` on fresh topics (Kafka traffic and review, no model server):
+    the service, its topics and its metrics port; ``kafka`` adds Kafka settings."""
+    topics = await relmon_topics(bootstrap)
+    port = free_port()
+    config = tmp_path / "relmon.yaml"
+    model = "http://127.0.0.1:9/v1"
+    group = f"g-{port}"
+    relmon_config(config, model, bootstrap, topics=topics, group=group, port=port, kafka=kafka)
+    return await start_service(load_settings(config)), topics, port
 
 
 async def test_a_failed_source_is_restarted_and_takes_events_again(kafka_bootstrap: str) -> None:
@@ -30,16 +74,22 @@ async def test_a_failed_source_is_restarted_and_takes_events_again(kafka_bootstr
         lambda s, r: None,
         **FAST_GROUP,
     )
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    metrics.init_source(source.source_name)
+    counter = metrics.source_restarts.labels(source.source_name)
     await source.start()
-    task = asyncio.create_task(supervise(source, max_delay_s=1.0))
+    task = asyncio.create_task(supervise(source, max_delay_s=1.0, on_restart=counter.inc))
     try:
         await produce(kafka_bootstrap, topic, [event_bytes(f"a{i}") for i in range(3)])
         await eventually(lambda: len(seen) >= 3, timeout_s=30)
+        assert restarts(registry, "kafka") == 0
         # What a failed dead-letter acknowledgement does; run() raises at its next poll.
         source._fail("dead-letter send to unused-dlq failed: KafkaConnectionError")
         await eventually(lambda: not source.connected, timeout_s=30)
         assert not task.done()
         await eventually(lambda: source.restarts == 1 and source.connected, timeout_s=30)
+        await eventually(lambda: restarts(registry, "kafka") == 1, timeout_s=30)
         await produce(kafka_bootstrap, topic, [event_bytes(f"b{i}") for i in range(3)])
         await eventually(lambda: {"b0", "b1", "b2"} <= set(seen), timeout_s=60)
     finally:
@@ -48,3 +98,40 @@ async def test_a_failed_source_is_restarted_and_takes_events_again(kafka_bootstr
     # At least once: nothing skipped over; the a's may come twice (not committed yet).
     assert {f"a{i}" for i in range(3)} | {f"b{i}" for i in range(3)} == set(seen)
     assert task.result() is None
+    assert restarts(registry, "kafka") == 1  # stopping is not a restart
+
+
+@pytest.mark.timeout(300)
+async def test_the_service_counts_every_restart_of_its_traffic_source(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """Under ``relmon run``: both sources' counters exist at 0 from the start; each failure
+    of the traffic source and its restart count once, under ``kafka`` only, and the
+    restarted source takes events again."""
+    running, topics, port = await start_on_kafka(kafka_bootstrap, tmp_path)
+    registry = running.registry
+    try:
+        source = next(s for s in running.sources if isinstance(s, KafkaEventSource))
+        await eventually(lambda: not running.not_ready(), timeout_s=60)
+        text = await scrape(port)
+        assert 'relmon_source_restarts_total{source="kafka"} 0.0' in text
+        assert 'relmon_source_restarts_total{source="verdicts"} 0.0' in text
+        for n in (1, 2):
+            source._fail("dead-letter send failed: KafkaConnectionError")
+            await eventually(lambda: not source.connected, timeout_s=30)
+            await eventually(lambda n=n: restarts(registry, "kafka") == n, timeout_s=90)
+        await eventually(lambda: not running.not_ready(), timeout_s=90)
+        # Events for no configured task: skipped, counted under the same source.
+        await produce(kafka_bootstrap, topics["traffic"], [event_bytes(f"c{i}") for i in range(3)])
+
+        def skipped() -> float:
+            labels = {"source": "kafka", "decision": "skipped"}
+            return registry.get_sample_value("relmon_traffic_events_total", labels) or 0.0
+
+        await eventually(lambda: skipped() >= 3, timeout_s=90)
+        text = await scrape(port)
+        assert 'relmon_source_restarts_total{source="kafka"} 2.0' in text
+        assert 'relmon_source_restarts_total{source="verdicts"} 0.0' in text
+    finally:
+        await running.close(10.0)
+    assert restarts(registry, "kafka") == 2 and restarts(registry, "verdicts") == 0

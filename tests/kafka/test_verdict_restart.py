@@ -16,26 +16,26 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 from aiokafka.errors import KafkaTimeoutError
+from prometheus_client import CollectorRegistry
 
 from adapters.kafka_review import KafkaCalibrationStore
 from adapters.kafka_verdicts import KafkaVerdictConsumer
-from monitor.config import load_settings
+from monitor.metrics import TRAFFIC_DECISIONS, Metrics
 from monitor.review import ReviewItem
-from monitor.runner import Running, start_service, supervise
+from monitor.runner import Running, supervise
 from tests.kafka import (
     eventually,
     free_port,
+    http_get,
     new_topic,
     produce,
     read_all,
-    relmon_config,
-    relmon_topics,
 )
 from tests.kafka.conftest import ATTEMPTS, _wait_ready, spawn_broker, stop_broker
 from tests.kafka.test_kafka_review import Handler, item, verdict
+from tests.kafka.test_source_restart import restarts, scrape, start_on_kafka
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -136,8 +136,12 @@ async def test_a_cut_connection_fails_the_follower_and_it_resumes_where_it_stopp
         on_item=handler.on_item,
         producer_options={"request_timeout_ms": 3000},
     )
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    metrics.init_source(follower.source_name, traffic=False)
+    counter = metrics.source_restarts.labels(follower.source_name)
     await follower.start()
-    task = asyncio.create_task(supervise(follower, max_delay_s=1.0))
+    task = asyncio.create_task(supervise(follower, max_delay_s=1.0, on_restart=counter.inc))
     try:
         await produce(bootstrap, review, [json.dumps(item(1).to_json()).encode()])
         await produce(bootstrap, verdicts, [verdict("item-1", 1)])
@@ -151,9 +155,12 @@ async def test_a_cut_connection_fails_the_follower_and_it_resumes_where_it_stopp
         await eventually(lambda: follower._failure is not None, timeout_s=60)
         assert handler.rejects == [] and follower.dead_letters == 0
         assert not task.done()
+        assert restarts(registry, "verdicts") == 0
 
         await relay.open()
         await eventually(lambda: follower.restarts >= 1 and follower.connected, timeout_s=60)
+        # Counted once it worked (attempts while the relay was cut failed and do not count).
+        await eventually(lambda: (restarts(registry, "verdicts") or 0) >= 1, timeout_s=30)
         # The dead letter not written is written once after the restart, and counted once.
         await eventually(lambda: follower.dead_letters == 1, timeout_s=60)
         assert [kind for kind, _ in handler.rejects] == ["unknown"]
@@ -166,6 +173,10 @@ async def test_a_cut_connection_fails_the_follower_and_it_resumes_where_it_stopp
         await follower.stop()
         await asyncio.wait_for(task, 30)
     assert task.result() is None
+    assert 1 <= (restarts(registry, "verdicts") or 0) <= follower.restarts
+    for decision in TRAFFIC_DECISIONS:  # not a traffic source
+        labels = {"source": "verdicts", "decision": decision}
+        assert registry.get_sample_value("relmon_traffic_events_total", labels) is None
     assert [v.item_id for v in handler.seen] == ["item-1", "item-2", "item-3"]
     assert handler.items == ["item-1", "item-2", "item-3"]
     letters = await read_all(bootstrap, dlq, at_least=1)
@@ -198,35 +209,21 @@ def reviews(running: Running, kind: str, **labels: str) -> float:
 
 
 async def readyz(port: int) -> int:
-    async with (
-        aiohttp.ClientSession() as session,
-        session.get(
-            f"http://127.0.0.1:{port}/readyz", timeout=aiohttp.ClientTimeout(total=30)
-        ) as resp,
-    ):
-        return resp.status
+    return (await http_get(port, "/readyz"))[0]
 
 
 async def test_the_service_restarts_a_failed_follower_and_is_ready_again(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:
-    topics = await relmon_topics(kafka_bootstrap)
-    port = free_port()
-    config = tmp_path / "relmon.yaml"
-    relmon_config(
-        config,
-        "http://127.0.0.1:9/v1",
-        kafka_bootstrap,
-        topics=topics,
-        group=f"g-{port}",
-        port=port,
-        kafka={"verdict_wait_s": 120},
-    )
-    running = await start_service(load_settings(config))
+    running, topics, port = await start_on_kafka(kafka_bootstrap, tmp_path, verdict_wait_s=120)
     try:
         follower = next(s for s in running.sources if isinstance(s, KafkaVerdictConsumer))
         await eventually(lambda: not running.not_ready(), timeout_s=60)
         assert await readyz(port) == 200
+        text = await scrape(port)
+        assert 'relmon_source_restarts_total{source="verdicts"} 0.0' in text
+        assert 'relmon_source_restarts_total{source="kafka"} 0.0' in text
+        assert 'source="verdicts",decision=' not in text  # not a traffic source
         await produce(kafka_bootstrap, topics["review"], [review_item(1)])
         await produce(kafka_bootstrap, topics["verdict"], [verdict("it-1", 1)])
         await eventually(lambda: reviews(running, "accepted", **LABELS) == 1, timeout_s=30)
@@ -256,10 +253,14 @@ async def test_the_service_restarts_a_failed_follower_and_is_ready_again(
         await produce(kafka_bootstrap, topics["review"], [review_item(3)])
         await produce(kafka_bootstrap, topics["verdict"], [verdict("it-3", 2)])
         assert reviews(running, "invalid", model="", task="") == 0
+        assert restarts(running.registry, "verdicts") == 0  # not restarted yet
         gate.set()
 
         await eventually(lambda: follower.restarts == 1 and not running.not_ready(), 60)
         assert await readyz(port) == 200
+        await eventually(lambda: restarts(running.registry, "verdicts") == 1, timeout_s=30)
+        assert restarts(running.registry, "kafka") == 0
+        assert 'relmon_source_restarts_total{source="verdicts"} 1.0' in await scrape(port)
         await eventually(lambda: reviews(running, "accepted", **LABELS) == 2, timeout_s=30)
         # The waiting verdict's item comes after the restart: it is applied.
         await produce(kafka_bootstrap, topics["review"], [review_item(2)])

@@ -379,9 +379,20 @@ async def _start_service(settings: Settings, *, review_token: str | None) -> Run
         )
         await source.start()
         sources.append(source)
+    explain: Callable[[], Awaitable[str | None]] | None = None
+    if settings.kafka.enabled:  # every source is a Kafka client
+        from adapters.kafka_clients import connection_problem
+
+        explain = functools.partial(
+            connection_problem, settings.kafka.bootstrap_servers, kafka_options
+        )
     running.tasks = [
         asyncio.create_task(
-            supervise(s, on_restart=metrics.source_restarts.labels(s.source_name).inc),
+            supervise(
+                s,
+                on_restart=metrics.source_restarts.labels(s.source_name).inc,
+                explain=explain,
+            ),
             name=f"relmon-{type(s).__name__}",
         )
         for s in sources
@@ -399,7 +410,11 @@ async def _start_service(settings: Settings, *, review_token: str | None) -> Run
 
 
 async def supervise(
-    source: Any, *, max_delay_s: float = 30.0, on_restart: Callable[[], None] | None = None
+    source: Any,
+    *,
+    max_delay_s: float = 30.0,
+    on_restart: Callable[[], None] | None = None,
+    explain: Callable[[], Awaitable[str | None]] | None = None,
 ) -> None:
     """Run ``source`` until it stops; after a failure, restart it if it can.
 
@@ -408,7 +423,9 @@ async def supervise(
     then run again; meanwhile ``/readyz`` reports it not connected. ``on_restart`` is
     called after each successful restart (the service counts them in
     ``relmon_source_restarts_total``). Other sources' failures are logged and end their
-    task.
+    task. ``explain`` says why the cluster refuses a connection (a certificate that
+    expired, a password that changed): asked once at the first failed restart of an
+    outage, and logged as ``source_unreachable``.
     """
     while True:
         try:
@@ -425,6 +442,7 @@ async def supervise(
             if restart is None:
                 raise
         delay = 1.0
+        explained = explain is None
         while True:
             await asyncio.sleep(delay)
             if getattr(source, "stopped", False):
@@ -435,6 +453,11 @@ async def supervise(
             except RelmonError as exc:
                 log.warning("source_restart_failed", source=type(source).__name__, error=str(exc))
                 delay = min(2 * delay, max_delay_s)
+                if not explained and explain is not None:
+                    explained = True
+                    problem = await explain()
+                    if problem is not None:
+                        log.error("source_unreachable", source=type(source).__name__, why=problem)
         if on_restart is not None:
             on_restart()
         log.info("source_restarted", source=type(source).__name__)

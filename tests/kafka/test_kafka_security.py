@@ -19,11 +19,13 @@ successful SASL login is covered by the unit tests of the options built
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import math
 import os
 import secrets
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -32,12 +34,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 from aiokafka.errors import KafkaError
 from aiokafka.helpers import create_ssl_context
 from prometheus_client.parser import text_string_to_metric_families
 
 from monitor.canon import get_canonicalizer
+from monitor.config import load_settings
 from monitor.demo.model import QuestionBank, SimulatedModel, truth_of
+from monitor.runner import start_service
 from tests.kafka import (
     FAST_GROUP,
     arith_events,
@@ -116,14 +121,21 @@ async def _broker_behind_tls(
 
 
 @pytest.fixture
-async def mtls_kafka(tmp_path: Path, pki: Pki) -> AsyncIterator[str]:
-    """A broker reached only through TLS that requires a client certificate."""
+async def mtls_cluster(tmp_path: Path, pki: Pki) -> AsyncIterator[tuple[str, TlsRelay]]:
+    """A broker reached only through TLS that requires a client certificate:
+    ``(bootstrap, the TLS relay)``."""
     bootstrap, proc, relay = await _broker_behind_tls(tmp_path, pki, client_ca=pki.ca)
     try:
-        yield bootstrap
+        yield bootstrap, relay
     finally:
         relay.stop()
         await asyncio.to_thread(stop_broker, proc)
+
+
+@pytest.fixture
+def mtls_kafka(mtls_cluster: tuple[str, TlsRelay]) -> str:
+    """The bootstrap address of :func:`mtls_cluster`."""
+    return mtls_cluster[0]
 
 
 def metrics_of(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -305,3 +317,125 @@ async def test_sasl_login_refused_at_start_exits_clearly_without_the_password(
     assert "SASL SCRAM-SHA-512 authentication of user 'relmon' failed" in errors[0], errors[0]
     assert "kafka.sasl.username" in errors[0]
     assert password not in text
+
+
+async def test_every_client_shares_one_tls_context_and_the_group_gets_its_timeouts(
+    mtls_kafka: str, pki: Pki, tmp_path: Path
+) -> None:
+    """In process: the traffic consumer and its dead-letter producer, the review producer,
+    the verdict follower and its producer, and the replay all hold the same SSL context;
+    only the traffic consumer (the one group member) gets the group timeouts."""
+    topics = await relmon_topics(mtls_kafka, **tls_options(pki))
+    cfg = tmp_path / "relmon.yaml"
+    group = {
+        "session_timeout_ms": 7000,
+        "heartbeat_interval_ms": 700,
+        "max_poll_interval_ms": 70_000,
+        "rebalance_timeout_ms": 3000,
+    }
+    tls = {
+        "ca_file": str(pki.ca),
+        "cert_file": str(pki.client_cert),
+        "key_file": str(pki.client_key),
+    }
+    relmon_config(
+        cfg,
+        "http://127.0.0.1:9/v1",
+        mtls_kafka,
+        topics=topics,
+        group=unique("inproc"),
+        port=free_port(),
+        kafka={"security_protocol": "SSL", "tls": tls, **group},
+        query_hash_key="k3y-k3y-k3y-k3y-k3y-k3y-k3y-k3y-k3y-k3y",
+    )
+    running = await start_service(load_settings(cfg))
+    try:
+        by_type = {type(s).__name__: s for s in running.sources}
+        source, follower = by_type["KafkaEventSource"], by_type["KafkaVerdictConsumer"]
+        clients = [
+            source._consumer,
+            source._producer,
+            follower._consumer,
+            follower._producer,
+            running.service.review_queue._producer,  # type: ignore[attr-defined]
+        ]
+        # aiokafka's network client: ``_client`` of a consumer, ``client`` of a producer
+        contexts = [getattr(c, "_client", None) or c.client for c in clients]
+        context = contexts[0]._ssl_context
+        assert isinstance(context, ssl.SSLContext)
+        assert all(c._ssl_context is context for c in contexts)
+        assert running.store.consumer_options["ssl_context"] is context  # type: ignore[attr-defined]
+        consumer = source._consumer
+        assert (
+            consumer._session_timeout_ms,
+            consumer._heartbeat_interval_ms,
+            consumer._max_poll_interval_ms,
+            consumer._rebalance_timeout_ms,
+        ) == tuple(group.values())
+        assert follower._consumer._session_timeout_ms == 10_000  # aiokafka's default
+    finally:
+        await running.close(5)
+
+
+async def test_a_source_that_cannot_reconnect_logs_why(
+    mtls_kafka: str, mtls_cluster: tuple[str, TlsRelay], pki: Pki, tmp_path: Path
+) -> None:
+    """The brokers' certificate is replaced by one from a CA relmon does not trust while
+    it runs: the supervisor's restarts fail and one ``source_unreachable`` line says why;
+    once the certificate is right again the source reconnects and takes events."""
+    from adapters.kafka_clients import client_options, connection_problem
+    from adapters.kafka_source import KafkaEventSource
+    from monitor.config import KafkaSettings, KafkaTlsSettings
+    from monitor.ports import Admission
+    from monitor.runner import supervise
+    from tests.kafka import event_bytes, eventually, new_topic
+
+    tls = tls_options(pki)
+    topic = await new_topic(mtls_kafka, "traffic-rotated", **tls)
+    kafka = KafkaSettings(
+        security_protocol="SSL",
+        tls=KafkaTlsSettings(ca_file=pki.ca, cert_file=pki.client_cert, key_file=pki.client_key),
+    )
+    options = client_options(kafka)
+    seen: list[str] = []
+
+    def sink(event: Any, source: str) -> Admission:
+        seen.append(event.id)
+        return Admission("skipped")
+
+    source = KafkaEventSource(
+        mtls_kafka, topic, unique("rotated"), "unused-dlq", sink, lambda s, r: None,
+        **options, **FAST_GROUP,
+    )  # fmt: skip
+    relay = mtls_cluster[1]
+    await source.start()
+    with structlog.testing.capture_logs() as logs:
+        task = asyncio.create_task(
+            supervise(
+                source,
+                max_delay_s=1.0,
+                explain=functools.partial(connection_problem, mtls_kafka, options),
+            )
+        )
+        try:
+            await produce(mtls_kafka, topic, [event_bytes("a0")], **tls)
+            await eventually(lambda: "a0" in seen, timeout_s=60)
+            relay.use_certificate(make_pki(tmp_path / "other-pki"))
+            source._fail("consuming failed: KafkaConnectionError")  # as a dropped connection does
+            await eventually(
+                lambda: any(e["event"] == "source_unreachable" for e in logs), timeout_s=60
+            )
+            assert not source.connected
+            relay.use_certificate(pki)
+            # restarts counts the tries, the failed ones included
+            await eventually(lambda: source.restarts >= 2 and source.connected, timeout_s=60)
+            await produce(mtls_kafka, topic, [event_bytes("b0")], **tls)
+            await eventually(lambda: "b0" in seen, timeout_s=60)
+        finally:
+            await source.stop()
+            await asyncio.wait_for(task, 30)
+    why = [e for e in logs if e["event"] == "source_unreachable"]
+    assert len(why) == 1, logs
+    assert why[0]["source"] == "KafkaEventSource"
+    assert "certificate was not accepted" in why[0]["why"]
+    assert "kafka.tls.ca_file" in why[0]["why"]

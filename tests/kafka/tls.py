@@ -114,6 +114,10 @@ class TlsRelay:
         self.handshakes = 0
         """Connections whose TLS handshake succeeded."""
 
+    def use_certificate(self, pki: Pki) -> None:
+        """Serve ``pki``'s server certificate from the next handshake on (a rotation)."""
+        self._context.load_cert_chain(pki.server_cert, pki.server_key)
+
     def start(self) -> TlsRelay:
         self._thread.start()
         future = asyncio.run_coroutine_threadsafe(self._open(), self._loop)

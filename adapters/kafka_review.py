@@ -27,7 +27,12 @@ The calibration window's order is the verdict's place in the verdict log,
 ``(timestamp, partition, offset)``: the verdict consumer hands it over with each verdict
 (:attr:`monitor.review.Verdict.position`) and the replay computes the same key, so the
 window holds the same verdicts live and after a restart, however the partitions were
-interleaved and however long a verdict waited for its item.
+interleaved and however long a verdict waited for its item. Each replayed verdict's ACI
+step (:attr:`monitor.ports.CalibrationRecord.aci_miss`) is derived as live: its score
+against the review item's ``aci_threshold``. ACI's alpha_t depends only on how many
+steps and misses there were (:class:`monitor.conformal.AdaptiveAlpha`), not on their
+order, so the live alpha_t (verdicts applied in the order they arrived) and the
+restored one (verdicts replayed in log order) are the same.
 """
 
 from __future__ import annotations
@@ -48,7 +53,7 @@ from aiokafka.errors import KafkaError
 from adapters.kafka_source import CONNECT_ERRORS, KafkaUnavailableError
 from monitor.errors import ConfigError, InputError
 from monitor.ports import CalibrationRecord
-from monitor.review import ReviewItem, Verdict, parse_verdict
+from monitor.review import ReviewItem, Verdict, aci_miss, parse_verdict
 
 __all__ = [
     "TOO_DEEP",
@@ -228,14 +233,16 @@ class KafkaCalibrationStore:
                 self.invalid_records += 1
                 continue
             verdicted.add(verdict.item_id)
+            score = self._score(item, verdict)
             scored = CalibrationRecord(
                 model=item.model,
                 task=item.task,
                 item_id=item.item_id,
-                score=self._score(item, verdict),
+                score=score,
                 inclusion_probability=item.inclusion_probability,
                 sampled_at=item.sampled_at,
                 order=log_position(record),
+                aci_miss=aci_miss(item, score),
             )
             self._records.setdefault(item.item_id, scored)
             out.append(scored)

@@ -14,7 +14,8 @@ Schema (version :data:`SCHEMA_VERSION`)::
             score REAL  -- the rank score; NULL means +inf (no accepted candidate)
             inclusion_probability REAL, sampled_at REAL, verdict TEXT (Verdict JSON),
             applied_at REAL,
-            seq INTEGER UNIQUE  -- the order verdicts were applied in: 1, 2, 3, ...)
+            seq INTEGER UNIQUE  -- the order verdicts were applied in: 1, 2, 3, ...
+            aci_miss INTEGER  -- the verdict's ACI step: 1 miss, 0 covered, NULL none)
     leases(item_id TEXT PRIMARY KEY, holder TEXT, expires REAL)
     held_verdicts(item_id TEXT PRIMARY KEY, verdict TEXT (Verdict JSON), held_at REAL,
                   due REAL, claimed INTEGER (1 once the flusher has taken it))
@@ -25,6 +26,12 @@ transaction that saves it; the windows hold the verdicts with the highest number
 and when :meth:`load_records` rebuilds them at a restart. (Schema 1 had no ``seq``: opening
 such a file numbers its verdicts in the order schema 1 reloaded them, ``sampled_at``
 then insertion, and moves it to schema 2.)
+
+``aci_miss`` (schema 3) is what the verdict's ACI step needs: whether its score exceeded
+the threshold served at the adaptive alpha_t when the item was scored. The service
+restores alpha_t from these at a restart. Schema 1 and 2 files get the column with NULL
+for the verdicts they hold (no ACI step: those relmon versions restarted alpha_t at
+alpha anyway) and move to schema 3.
 
 Leases (:meth:`lease_next`) keep two reviewers from being handed the same item at the
 same time: an item leased to another holder and not yet expired is skipped. Held
@@ -62,7 +69,7 @@ from monitor.review import ReviewItem, Verdict
 
 __all__ = ["SCHEMA_VERSION", "ExportedVerdict", "SqliteStore", "StoreError"]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 _T = TypeVar("_T")
 
 _SCHEMA = """
@@ -86,7 +93,8 @@ CREATE TABLE IF NOT EXISTS records (
     sampled_at REAL NOT NULL,
     verdict TEXT NOT NULL,
     applied_at REAL NOT NULL,
-    seq INTEGER
+    seq INTEGER,
+    aci_miss INTEGER
 );
 CREATE INDEX IF NOT EXISTS records_by_age ON records (sampled_at);
 CREATE UNIQUE INDEX IF NOT EXISTS records_by_seq ON records (seq);
@@ -159,8 +167,19 @@ def _number_schema_1_records(conn: sqlite3.Connection) -> None:
     )
 
 
+def _add_aci_miss(conn: sqlite3.Connection) -> None:
+    """Give a schema-1 or -2 file's records the ``aci_miss`` column (NULL: no ACI step)."""
+    columns = {str(row[1]) for row in conn.execute("PRAGMA table_info(records)")}
+    if columns and "aci_miss" not in columns:
+        conn.execute("ALTER TABLE records ADD COLUMN aci_miss INTEGER")
+
+
+def _aci_column(miss: bool | None) -> int | None:
+    return None if miss is None else int(miss)
+
+
 def _record(row: Sequence[Any]) -> CalibrationRecord:
-    model, task, item_id, score, prob, sampled_at, seq = row
+    model, task, item_id, score, prob, sampled_at, seq, miss = row
     return CalibrationRecord(
         model=str(model),
         task=str(task),
@@ -169,10 +188,11 @@ def _record(row: Sequence[Any]) -> CalibrationRecord:
         inclusion_probability=float(prob),
         sampled_at=float(sampled_at),
         order=(int(seq),),
+        aci_miss=None if miss is None else bool(miss),
     )
 
 
-_RECORD_COLUMNS = "model, task, item_id, score, inclusion_probability, sampled_at, seq"
+_RECORD_COLUMNS = "model, task, item_id, score, inclusion_probability, sampled_at, seq, aci_miss"
 
 
 def _next_seq(conn: sqlite3.Connection) -> int:
@@ -224,6 +244,7 @@ class SqliteStore:
                     f"newer than this relmon's {SCHEMA_VERSION}"
                 )
             _number_schema_1_records(conn)
+            _add_aci_miss(conn)
             for statement in _SCHEMA.split(";"):
                 if statement.strip():
                     conn.execute(statement)
@@ -380,8 +401,8 @@ class SqliteStore:
             seq = _next_seq(conn)
             cur = conn.execute(
                 "INSERT OR IGNORE INTO records (item_id, model, task, score, "
-                "inclusion_probability, sampled_at, verdict, applied_at, seq) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "inclusion_probability, sampled_at, verdict, applied_at, seq, aci_miss) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     record.item_id,
                     record.model,
@@ -392,6 +413,7 @@ class SqliteStore:
                     verdict_json,
                     applied_at,
                     seq,
+                    _aci_column(record.aci_miss),
                 ),
             )
             if cur.rowcount == 0:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -29,6 +30,7 @@ from scipy import stats
 
 __all__ = [
     "MASS_TOLERANCE",
+    "AdaptiveAlpha",
     "aci_update",
     "conformal_threshold",
     "conformal_thresholds",
@@ -163,6 +165,38 @@ def aci_update(alpha_t: float, alpha: float, err: bool | float, gamma: float) ->
     if gamma < 0:
         raise ValueError("gamma must be >= 0")
     return alpha_t + gamma * (alpha - float(err))
+
+
+@dataclass(slots=True)
+class AdaptiveAlpha:
+    """ACI's alpha_t kept as counts: ``steps`` updates so far, ``misses`` of them misses.
+
+    Unrolled, the recursion of :func:`aci_update` from alpha_0 = alpha is
+    alpha_t = alpha + gamma (steps * alpha - misses): a function of the two counts, not
+    of the order the steps came in (each miss compares an item's score with the
+    threshold stored on the item, fixed before any later step). Computing it from the
+    integers gives bit-for-bit the same alpha_t whatever order the verdicts are applied
+    or replayed in, which a float running sum does not.
+    """
+
+    alpha: float
+    gamma: float
+    steps: int = 0
+    misses: int = 0
+
+    def __post_init__(self) -> None:
+        if self.gamma < 0:
+            raise ValueError("gamma must be >= 0")
+
+    def update(self, miss: bool) -> None:
+        """One ACI step: the last test point was (``miss``) or was not covered."""
+        self.steps += 1
+        self.misses += int(miss)
+
+    @property
+    def value(self) -> float:
+        """alpha_t (not clipped, like :func:`aci_update`)."""
+        return self.alpha + self.gamma * (self.steps * self.alpha - self.misses)
 
 
 def reliability_lower_bound(successes: float, n: float, delta: float) -> float:

@@ -120,6 +120,10 @@ class CalibrationRecord:
     order: tuple[int, ...] = ()
     """The verdict's persisted order key (see :meth:`CalibrationStore.save_record`);
     ``()`` before it is saved."""
+    aci_miss: bool | None = None
+    """The verdict's ACI step: did the score exceed the threshold served at alpha_t when
+    the item was scored (:attr:`monitor.review.ReviewItem.aci_threshold`)? ``None``: the
+    item had no ACI threshold, no step. Persisted so that a restart restores alpha_t."""
 
 
 class CalibrationStore(Protocol):

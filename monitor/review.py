@@ -25,6 +25,7 @@ __all__ = [
     "ReviewItem",
     "TaskProgress",
     "Verdict",
+    "aci_miss",
     "minimum_calibration_items",
     "parse_verdict",
     "verdict_score",
@@ -203,6 +204,12 @@ def verdict_score(
     if verdict.correct_answer is not None and canonicalizer is not None:
         return rank_score(consensus, [canonicalizer.canonicalize(verdict.correct_answer, context)])
     return math.inf
+
+
+def aci_miss(item: ReviewItem, score: float) -> bool | None:
+    """The ACI step of the item's verdict: did ``score`` exceed the threshold served at
+    alpha_t when the item was scored? ``None`` when it was scored without ACI."""
+    return None if item.aci_threshold is None else score > item.aci_threshold
 
 
 @dataclass(frozen=True, slots=True)

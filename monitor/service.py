@@ -29,7 +29,7 @@ from monitor.alarm import EDetector
 from monitor.canon.base import AsyncCanonicalizer, Canonicalizer, QueryContext
 from monitor.certify import item_rng
 from monitor.config import BudgetSettings, TaskSettings
-from monitor.conformal import aci_update
+from monitor.conformal import AdaptiveAlpha
 from monitor.consensus import Consensus, rank_classes
 from monitor.errors import InputError, ModelCallError
 from monitor.events import TrafficEvent, query_hash, query_text
@@ -50,6 +50,7 @@ from monitor.review import (
     ReviewItem,
     TaskProgress,
     Verdict,
+    aci_miss,
     minimum_calibration_items,
     verdict_score,
 )
@@ -119,8 +120,12 @@ class _WindowState:
     snapshot_at: float = -1.0
     pending_reviews: int = 0
     detector: EDetector | None = None
-    aci_alpha: float | None = None
-    """With ACI on: the adaptive alpha_t served for the target's sets."""
+    aci: AdaptiveAlpha | None = None
+    """With ACI on: the counts behind the adaptive alpha_t served for the target's sets."""
+
+    @property
+    def aci_alpha(self) -> float | None:
+        return None if self.aci is None else self.aci.value
 
 
 @dataclass
@@ -220,7 +225,11 @@ class MonitorService:
                 detector=EDetector(
                     tau=s.reliability_target, alpha=s.alarm_alpha, pi_min=s.review_floor
                 ),
-                aci_alpha=task.target_alpha if s.aci_gamma is not None else None,
+                aci=(
+                    AdaptiveAlpha(task.target_alpha, s.aci_gamma)
+                    if s.aci_gamma is not None
+                    else None
+                ),
             )
             self.windows[key] = state
         return state
@@ -272,6 +281,8 @@ class MonitorService:
             loaded += added
             if added:
                 self._update_alarm(state, r.score, r.inclusion_probability)
+                if state.aci is not None and r.aci_miss is not None:
+                    state.aci.update(r.aci_miss)
         recent = getattr(self.store, "recent_item_ids", None)
         if recent is not None:  # a restart recognises items it already reviewed
             for item_id in await recent(RECENT_ITEM_IDS):
@@ -638,6 +649,7 @@ class MonitorService:
             score=score,
             inclusion_probability=item.inclusion_probability,
             sampled_at=item.sampled_at,
+            aci_miss=aci_miss(item, score),
         )
         state = self._state(item.model, task)
         order = await self.store.save_record(record, verdict)
@@ -659,7 +671,9 @@ class MonitorService:
         self.metrics.top_answers.labels(item.model, item.task, top).inc(
             1.0 / item.inclusion_probability
         )
-        self._self_check(item, score, task, state)
+        self._self_check(item, score, task)
+        if state.aci is not None and record.aci_miss is not None:
+            state.aci.update(record.aci_miss)
         self._update_alarm(state, score, item.inclusion_probability)
         self._publish_alarm(item.model, item.task, state)
         self.stats.verdicts += 1
@@ -688,9 +702,7 @@ class MonitorService:
             )
         return out
 
-    def _self_check(
-        self, item: ReviewItem, score: float, task: TaskRuntime, state: _WindowState
-    ) -> None:
+    def _self_check(self, item: ReviewItem, score: float, task: TaskRuntime) -> None:
         """The guarantee checked live: was the score within the threshold in force when
         the item was scored? Weighted 1/pi like the SLI, so that 1 - misses/checks
         estimates the coverage of traffic, not of the (possibly prioritised) reviews."""
@@ -703,11 +715,6 @@ class MonitorService:
             self.metrics.coverage_checks.labels(item.model, item.task, label).inc(weight)
             if score > threshold:
                 self.metrics.coverage_misses.labels(item.model, item.task, label).inc(weight)
-        gamma = task.settings.aci_gamma
-        if gamma is not None and state.aci_alpha is not None and item.aci_threshold is not None:
-            state.aci_alpha = aci_update(
-                state.aci_alpha, task.target_alpha, score > item.aci_threshold, gamma
-            )
 
     @staticmethod
     def _update_alarm(state: _WindowState, score: float, pi: float) -> None:
@@ -727,7 +734,11 @@ class MonitorService:
         self.metrics.reliability_alarm.labels(model, task).set(1.0 if state.detector.alarm else 0.0)
 
     def aci_alpha(self, model: str, task_name: str) -> float | None:
-        """The adaptive alpha_t served for the target's sets (None when ACI is off)."""
+        """The adaptive alpha_t served for the target's sets (None when ACI is off).
+
+        A function of the applied verdicts' ACI steps (:attr:`CalibrationRecord.aci_miss`),
+        not of their order: a restart, which replays the stored records, restores it.
+        """
         return self._state(model, self.tasks[task_name]).aci_alpha
 
     @property

@@ -9,11 +9,17 @@ identical to the live one, and the service goes on from there.
 from __future__ import annotations
 
 import itertools
+import json
 import math
+import sqlite3
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import cast
 
 import aiohttp
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
@@ -21,12 +27,14 @@ from prometheus_client import CollectorRegistry
 from adapters.sqlite_store import SqliteStore
 from monitor.canon import as_async, get_canonicalizer
 from monitor.config import BudgetSettings, TaskSettings
+from monitor.events import TrafficEvent, parse_event
 from monitor.metrics import Metrics
 from monitor.ports import CalibrationStore, ReviewQueue
 from monitor.review import ReviewItem, Verdict
 from monitor.service import MonitorService, TaskRuntime
 from monitor.stopping import get_stopping_rule
 from monitor.testing import FakeModelClient, ManualClock
+from tests.http.test_sqlite_store import SCHEMA_2_RECORDS
 
 MODEL, TASK = "sim-1", "arith"
 T0 = 1_800_000_000.0
@@ -39,6 +47,10 @@ def service(
     clock: ManualClock,
     window: int,
     review_queue: ReviewQueue | None = None,
+    *,
+    aci_gamma: float | None = None,
+    answer: Callable[[str, int], str] | None = None,
+    review_rate: float = 0.5,
 ) -> MonitorService:
     """The service of these tests (and of the Kafka backend's), over ``store``."""
     settings = TaskSettings(
@@ -47,7 +59,7 @@ def service(
         k_max=10,
         k0=3,
         sampling_rate=1.0,
-        review_rate=0.5,
+        review_rate=review_rate,
         review_priority="uncertainty",
         review_min_rate=0.1,
         window_size=window,
@@ -55,13 +67,14 @@ def service(
         alphas=[0.1, 0.2, 0.3],
         reliability_target=0.8,
         endpoint={"model": MODEL},
+        aci_gamma=aci_gamma,
     )
     canon = get_canonicalizer("numeric")
     task = TaskRuntime(
         settings=settings,
         canonicalizer=as_async(canon),
         rule=get_stopping_rule(k_max=10, k0=3),
-        client=FakeModelClient(lambda q, i: "4"),
+        client=FakeModelClient(answer or (lambda q, i: "4")),
         sync_canonicalizer=canon,
     )
     return MonitorService(
@@ -142,6 +155,191 @@ async def test_a_restart_restores_exactly_the_live_snapshot(
             outcome = await live.apply_verdict(as_verdict(f"{TASK}:e{n}", plan[n][2]))
             assert outcome.status == "applied"
         assert live.snapshot(MODEL, TASK).n == min(len(plan), window)
+    finally:
+        await store.aclose()
+
+
+# Answers by query, cycled per query: one-, two-, three- and four-class consensus.
+MIXES = (("4",), ("4", "4", "5"), ("4", "5", "6"), ("4", "5", "4", "6", "7", "5"))
+PROBE = "probe mix3"
+
+
+def mixed_answers() -> Callable[[str, int], str]:
+    """A fresh model whose answers depend only on the query and how often it was asked."""
+    asked: Counter[str] = Counter()
+
+    def answer(query: str, call: int) -> str:
+        pattern = MIXES[int(query[-1])]
+        asked[query] += 1
+        return pattern[(asked[query] - 1) % len(pattern)]
+
+    return answer
+
+
+def traffic(event_id: str, query: str) -> TrafficEvent:
+    return parse_event(
+        {
+            "id": event_id,
+            "model": MODEL,
+            "task": TASK,
+            "request": {"messages": [{"role": "user", "content": query}]},
+        }
+    )
+
+
+def aci_service(
+    store: SqliteStore, clock: ManualClock, window: int, gamma: float
+) -> MonitorService:
+    return service(store, clock, window, aci_gamma=gamma, answer=mixed_answers(), review_rate=1.0)
+
+
+def set_size_sum(live: MonitorService) -> float:
+    """``relmon_set_size_sum{model, task}``: the sizes of every set served so far."""
+    labels = {"model": MODEL, "task": TASK}
+    return sum(
+        sample.value
+        for family in live.metrics.set_size.collect()
+        for sample in family.samples
+        if sample.name == "relmon_set_size_sum" and sample.labels == labels
+    )
+
+
+async def served_set_size(live: MonitorService, event_id: str) -> float:
+    """The set size the service serves for the probe query now (``relmon_set_size``)."""
+    before = set_size_sum(live)
+    assert live.offer(traffic(event_id, PROBE), "test").decision == "sampled"
+    await live.drain()
+    return set_size_sum(live) - before
+
+
+@settings(
+    max_examples=20,
+    derandomize=True,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    plan=st.lists(
+        st.tuples(
+            st.floats(0, 3_000),  # seconds before the item is sampled
+            st.integers(0, len(MIXES) - 1),  # the model's answers
+            st.integers(0, 3),  # verdict: none of these, or the accepted rank
+        ),
+        min_size=4,
+        max_size=16,
+    ),
+    window=st.integers(1, 8),
+    gamma=st.sampled_from([0.05, 0.2]),
+    data=st.data(),
+)
+async def test_a_restart_restores_aci_alpha_and_the_served_set_size(
+    tmp_path: Path,
+    plan: list[tuple[float, int, int]],
+    window: int,
+    gamma: float,
+    data: st.DataObject,
+) -> None:
+    """ACI on: items scored by the live service at the alpha_t of the moment, verdicts
+    applied in a random order interleaved with new items, restarts at random points.
+    After every restart alpha_t, the served set size and the snapshot are the live ones."""
+    path = tmp_path / f"relmon-{next(_files)}.sqlite3"
+    clock = ManualClock(T0)
+    store = SqliteStore(path, clock=clock)
+    live = aci_service(store, clock, window, gamma)
+    await live.load()
+    live.start()
+    waiting: list[tuple[str, int]] = []  # reviewed items without a verdict, their choice
+    created = steps = restarts = 0
+    try:
+        while created < len(plan) or waiting:
+            if created < len(plan) and (
+                not waiting or data.draw(st.booleans(), label="new item next")
+            ):
+                gap, mix, choice = plan[created]
+                clock.advance(gap)
+                event_id = f"e{created}"
+                assert live.offer(traffic(event_id, f"q{created} mix{mix}"), "test").decision == (
+                    "sampled"
+                )
+                await live.drain()
+                if await store.get_review_item(f"{TASK}:{event_id}") is not None:
+                    waiting.append((f"{TASK}:{event_id}", choice))
+                created += 1
+            else:
+                item_id, choice = waiting.pop(data.draw(st.integers(0, len(waiting) - 1)))
+                item = await store.get_review_item(item_id)
+                assert item is not None and item.aci_threshold is not None
+                clock.advance(1.0)
+                verdict = as_verdict(item_id, min(choice, len(item.candidates)))
+                assert (await live.apply_verdict(verdict)).status == "applied"
+                steps += 1
+            if data.draw(st.integers(0, 3), label="restart now") == 0:
+                alpha_t = live.aci_alpha(MODEL, TASK)
+                before = live.snapshot(MODEL, TASK)
+                size = await served_set_size(live, f"probe-{restarts}-live")
+                await live.stop(30.0)
+                await store.aclose()
+                store = SqliteStore(path, clock=clock)
+                live = aci_service(store, clock, window, gamma)
+                await live.load()
+                live.start()
+                assert live.aci_alpha(MODEL, TASK) == alpha_t
+                assert live.snapshot(MODEL, TASK) == before
+                assert await served_set_size(live, f"probe-{restarts}-again") == size
+                restarts += 1
+        # alpha_t is the unrolled ACI recursion over every verdict applied
+        records = await store.load_records()
+        assert len(records) == steps and all(r.aci_miss is not None for r in records)
+        misses = sum(bool(r.aci_miss) for r in records)
+        expected = 0.2 + gamma * (steps * 0.2 - misses)
+        assert live.aci_alpha(MODEL, TASK) == pytest.approx(expected, abs=1e-12)
+    finally:
+        await live.stop(30.0)
+        await store.aclose()
+
+
+async def test_a_schema_2_file_restarts_alpha_t_at_alpha_and_counts_later_steps(
+    tmp_path: Path,
+) -> None:
+    """A state file from before ``aci_miss`` (schema 2): its verdicts carry no ACI step
+    (alpha_t starts at alpha, as that relmon restarted it); verdicts applied after the
+    upgrade are steps, and a second restart keeps them."""
+    path = tmp_path / "relmon.sqlite3"
+    scored = replace(review_item(0, T0, 0.5), aci_threshold=1.0)
+    waiting = replace(review_item(1, T0, 0.5), aci_threshold=1.0)
+    with sqlite3.connect(path) as conn:
+        conn.executescript(
+            "CREATE TABLE schema_version (version INTEGER NOT NULL);"
+            "INSERT INTO schema_version VALUES (2);"
+            "CREATE TABLE review_items (item_id TEXT PRIMARY KEY, model TEXT NOT NULL, "
+            "task TEXT NOT NULL, body TEXT NOT NULL, created REAL NOT NULL, "
+            "pending INTEGER NOT NULL DEFAULT 1);" + SCHEMA_2_RECORDS
+        )
+        for it, pending in [(scored, 0), (waiting, 1)]:
+            conn.execute(
+                "INSERT INTO review_items VALUES (?, ?, ?, ?, ?, ?)",
+                (it.item_id, MODEL, TASK, json.dumps(it.to_json()), T0, pending),
+            )
+        conn.execute(  # a "none of these": a miss against 1.0, but not a step here
+            "INSERT INTO records VALUES (?, ?, ?, NULL, 0.5, ?, '{}', ?, 1)",
+            (scored.item_id, MODEL, TASK, T0, T0),
+        )
+    conn.close()
+    clock = ManualClock(T0 + 100.0)
+    store = SqliteStore(path, clock=clock)
+    try:
+        live = service(store, clock, 8, aci_gamma=0.1)
+        assert await live.load() == 1
+        assert live.snapshot(MODEL, TASK).n == 1
+        assert live.aci_alpha(MODEL, TASK) == 0.2
+        assert (await live.apply_verdict(as_verdict(waiting.item_id, 0))).status == "applied"
+        alpha_t = live.aci_alpha(MODEL, TASK)
+        assert alpha_t == pytest.approx(0.2 + 0.1 * (0.2 - 1.0))
+        await store.aclose()
+        store = SqliteStore(path, clock=clock)
+        again = service(store, clock, 8, aci_gamma=0.1)
+        await again.load()
+        assert again.aci_alpha(MODEL, TASK) == alpha_t
     finally:
         await store.aclose()
 

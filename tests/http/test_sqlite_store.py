@@ -159,6 +159,72 @@ async def test_a_schema_1_file_is_numbered_in_its_old_reload_order(tmp_path: Pat
     conn.close()
 
 
+SCHEMA_2_RECORDS = (
+    "CREATE TABLE records (item_id TEXT PRIMARY KEY, model TEXT NOT NULL, "
+    "task TEXT NOT NULL, score REAL, inclusion_probability REAL NOT NULL, "
+    "sampled_at REAL NOT NULL, verdict TEXT NOT NULL, applied_at REAL NOT NULL, seq INTEGER);"
+    "CREATE UNIQUE INDEX records_by_seq ON records (seq);"
+)
+"""The records table exactly as schema 2 created it (before ``aci_miss``)."""
+
+
+async def test_a_schema_2_file_gets_aci_miss_null_and_keeps_its_order(tmp_path: Path) -> None:
+    path = tmp_path / "v2.db"
+    with sqlite3.connect(path) as conn:
+        conn.executescript(
+            "CREATE TABLE schema_version (version INTEGER NOT NULL);"
+            "INSERT INTO schema_version VALUES (2);" + SCHEMA_2_RECORDS
+        )
+        for seq, (item_id, score) in enumerate([("b", None), ("a", 2.0)], start=1):
+            conn.execute(
+                "INSERT INTO records VALUES (?, 'm1', 'qa', ?, 0.25, 0.0, '{}', 0, ?)",
+                (item_id, score, seq),
+            )
+    conn.close()
+    store = SqliteStore(path)
+    try:
+        loaded = await store.load_records()
+        assert [(r.item_id, r.score, r.order, r.aci_miss) for r in loaded] == [
+            ("b", math.inf, (1,), None),
+            ("a", 2.0, (2,), None),
+        ]
+        for item_id, miss in [("c", True), ("d", False)]:
+            saved = replace(record(item_id), aci_miss=miss)
+            assert await store.save_record(saved, Verdict(item_id, (1,))) is not None
+        assert [r.aci_miss for r in await store.load_records()] == [None, None, True, False]
+        assert (await store.get_record("c")) == replace(record("c"), order=(3,), aci_miss=True)
+    finally:
+        await store.aclose()
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT version FROM schema_version").fetchall() == [(SCHEMA_VERSION,)]
+        assert conn.execute("SELECT item_id, aci_miss FROM records ORDER BY seq").fetchall() == [
+            ("b", None),
+            ("a", None),
+            ("c", 1),
+            ("d", 0),
+        ]
+    conn.close()
+
+
+async def test_a_schema_1_file_gets_both_seq_and_aci_miss(tmp_path: Path) -> None:
+    path = tmp_path / "v1.db"
+    with sqlite3.connect(path) as conn:
+        conn.executescript(
+            "CREATE TABLE schema_version (version INTEGER NOT NULL);"
+            "INSERT INTO schema_version VALUES (1);"
+            "CREATE TABLE records (item_id TEXT PRIMARY KEY, model TEXT NOT NULL, "
+            "task TEXT NOT NULL, score REAL, inclusion_probability REAL NOT NULL, "
+            "sampled_at REAL NOT NULL, verdict TEXT NOT NULL, applied_at REAL NOT NULL);"
+            "INSERT INTO records VALUES ('x', 'm1', 'qa', 1, 1.0, 5.0, '{}', 0);"
+        )
+    conn.close()
+    store = SqliteStore(path)
+    try:
+        assert [(r.order, r.aci_miss) for r in await store.load_records()] == [((1,), None)]
+    finally:
+        await store.aclose()
+
+
 async def test_an_item_saved_after_its_verdict_is_not_pending(store: SqliteStore) -> None:
     await store.save_record(record("late"), Verdict("late", accepted_ranks=(2,)))
     await store.save_review_item(item("late"))

@@ -3,7 +3,9 @@
 Property (hypothesis): review items with random sampling times, verdicts applied in a
 random order, restarts at random points, a window smaller than the number of verdicts:
 after every restart the rebuilt snapshot (level, lower bound, n, n_eff, every M*) is
-identical to the live one, and the service goes on from there.
+identical to the live one, and the service goes on from there. With ACI on (items
+scored by the live service at the alpha_t of the moment, verdicts interleaved with new
+items), alpha_t and the set size served after a restart are the live ones too.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ def service(
     aci_gamma: float | None = None,
     answer: Callable[[str, int], str] | None = None,
     review_rate: float = 0.5,
+    review_min_rate: float = 0.1,
 ) -> MonitorService:
     """The service of these tests (and of the Kafka backend's), over ``store``."""
     settings = TaskSettings(
@@ -61,7 +64,7 @@ def service(
         sampling_rate=1.0,
         review_rate=review_rate,
         review_priority="uncertainty",
-        review_min_rate=0.1,
+        review_min_rate=review_min_rate,
         window_size=window,
         half_life_s=900.0,
         alphas=[0.1, 0.2, 0.3],
@@ -190,7 +193,15 @@ def traffic(event_id: str, query: str) -> TrafficEvent:
 def aci_service(
     store: SqliteStore, clock: ManualClock, window: int, gamma: float
 ) -> MonitorService:
-    return service(store, clock, window, aci_gamma=gamma, answer=mixed_answers(), review_rate=1.0)
+    return service(
+        store,
+        clock,
+        window,
+        aci_gamma=gamma,
+        answer=mixed_answers(),
+        review_rate=1.0,
+        review_min_rate=0.5,  # a test weight of 2: finite thresholds after a few verdicts
+    )
 
 
 def set_size_sum(live: MonitorService) -> float:
@@ -221,15 +232,15 @@ async def served_set_size(live: MonitorService, event_id: str) -> float:
 @given(
     plan=st.lists(
         st.tuples(
-            st.floats(0, 3_000),  # seconds before the item is sampled
+            st.floats(0, 600),  # seconds before the item is sampled
             st.integers(0, len(MIXES) - 1),  # the model's answers
-            st.integers(0, 3),  # verdict: none of these, or the accepted rank
+            st.sampled_from([1, 1, 1, 1, 2, 3, 0]),  # verdict: accepted rank, or none (0)
         ),
         min_size=4,
-        max_size=16,
+        max_size=20,
     ),
-    window=st.integers(1, 8),
-    gamma=st.sampled_from([0.05, 0.2]),
+    window=st.integers(2, 12),
+    gamma=st.sampled_from([0.05, 0.3]),
     data=st.data(),
 )
 async def test_a_restart_restores_aci_alpha_and_the_served_set_size(

@@ -153,6 +153,8 @@ class ExportedVerdict:
     verdict: Verdict
     score: float
     applied_at: float
+    aci_miss: bool | None = None
+    """The verdict's ACI step (:attr:`monitor.ports.CalibrationRecord.aci_miss`)."""
 
 
 def _number_schema_1_records(conn: sqlite3.Connection) -> None:
@@ -643,7 +645,7 @@ class SqliteStore:
                 self._connection()
                 .execute(
                     "SELECT ri.body, r.verdict, r.score, r.applied_at, r.model, r.task, "
-                    "r.inclusion_probability, r.sampled_at FROM records r "
+                    "r.inclusion_probability, r.sampled_at, r.aci_miss FROM records r "
                     "JOIN review_items ri ON ri.item_id = r.item_id "
                     "ORDER BY r.seq"
                 )
@@ -651,7 +653,17 @@ class SqliteStore:
             )
 
         out = []
-        for body, verdict, score, applied_at, model, task, prob, sampled_at in await self._run(get):
+        for (
+            body,
+            verdict,
+            score,
+            applied_at,
+            model,
+            task,
+            prob,
+            sampled_at,
+            miss,
+        ) in await self._run(get):
             item = ReviewItem.from_json(json.loads(body))
             # The record's own fields are what the window loads; keep them authoritative.
             item = ReviewItem(
@@ -670,6 +682,7 @@ class SqliteStore:
                     verdict=_verdict_from_json(verdict),
                     score=math.inf if score is None else float(score),
                     applied_at=float(applied_at),
+                    aci_miss=None if miss is None else bool(miss),
                 )
             )
         return out
@@ -697,8 +710,8 @@ class SqliteStore:
                 item = row.item
                 cur = conn.execute(
                     "INSERT OR IGNORE INTO records (item_id, model, task, score, "
-                    "inclusion_probability, sampled_at, verdict, applied_at, seq) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "inclusion_probability, sampled_at, verdict, applied_at, seq, aci_miss) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         item.item_id,
                         item.model,
@@ -709,6 +722,7 @@ class SqliteStore:
                         verdict,
                         row.applied_at,
                         _next_seq(conn),
+                        _aci_column(row.aci_miss),
                     ),
                 )
                 if cur.rowcount == 0:

@@ -6,7 +6,7 @@ order the calibration windows load them. JSONL keeps everything::
     {"id", "model", "task", "query", "candidates": [{"rank", "answer", "count"}], "k",
      "inclusion_probability", "sampled_at", "verdict": {"accepted_ranks",
      "none_of_these", "correct_answer", "reviewer"}, "reviewer", "score" (rank or "inf"),
-     "applied_at", "answers", "acceptable"}
+     "applied_at", "aci_miss", "answers", "acceptable"}
 
 ``answers`` (every candidate repeated by its count) and ``acceptable`` (the accepted
 candidates, or the reviewer's correct answer) make a JSONL export readable by
@@ -15,7 +15,9 @@ field, ``accepted_ranks`` joined by ``;`` and ``candidates`` as JSON.
 
 Import reads either format back into a state directory: a review item and its verdict
 per record; an item that already has a verdict keeps it (verdicts are idempotent by
-item id). The score of a verdict with accepted ranks is recomputed from the ranks and
+item id). ``aci_miss`` (true, false or null) is the verdict's step of the adaptive alpha
+(tasks with ``aci_gamma``); a file without it imports as null (no step). The score of a
+verdict with accepted ranks is recomputed from the ranks and
 must agree with the file's; a "none of these" verdict keeps the file's score (its
 correct answer may have matched a candidate through the task's canonicalizer). The
 imported verdicts count from relmon's next start (the running service does not see
@@ -66,7 +68,9 @@ CSV_FIELDS = (
     "k",
     "query",
     "candidates",
+    "aci_miss",
 )
+_OPTIONAL_CSV_FIELDS = frozenset({"aci_miss"})  # not in exports older than it
 
 
 def _score_out(score: float) -> float | str:
@@ -89,6 +93,7 @@ def record_to_json(row: Any) -> dict[str, Any]:
         "reviewer": verdict.reviewer,
         "score": _score_out(row.score),
         "applied_at": row.applied_at,
+        "aci_miss": row.aci_miss,
         "answers": [answer for answer, count in item.candidates for _ in range(count)],
         "acceptable": acceptable,
     }
@@ -127,11 +132,15 @@ def record_from_json(obj: Any) -> Any:
             raise ValueError(f"'score' {score} disagrees with the accepted ranks ({expected})")
     elif not (math.isinf(score) or (score == int(score) and 1 <= score <= len(item.candidates))):
         raise ValueError("'score' of a 'none of these' verdict is 'inf' or a candidate rank")
+    aci_miss = obj.get("aci_miss")
+    if aci_miss is not None and not isinstance(aci_miss, bool):
+        raise ValueError("'aci_miss' must be true, false or null")
     return ExportedVerdict(
         item=item,
         verdict=verdict,
         score=score,
         applied_at=_number(obj.get("applied_at", item.sampled_at), "applied_at"),
+        aci_miss=aci_miss,
     )
 
 
@@ -153,16 +162,20 @@ def _csv_row(row: Any) -> dict[str, str]:
         "k": str(d["k"]),
         "query": d["query"],
         "candidates": json.dumps(d["candidates"], ensure_ascii=False),
+        "aci_miss": {None: "", True: "true", False: "false"}[row.aci_miss],
     }
 
 
 def _from_csv_row(row: dict[str, str]) -> Any:
-    missing = [f for f in CSV_FIELDS if row.get(f) is None]
+    missing = [f for f in CSV_FIELDS if row.get(f) is None and f not in _OPTIONAL_CSV_FIELDS]
     if missing:
         raise ValueError(f"missing column(s) {', '.join(missing)}")
     none = row["none_of_these"].strip().lower()
     if none not in ("true", "false"):
         raise ValueError("'none_of_these' must be true or false")
+    aci = (row.get("aci_miss") or "").strip().lower()
+    if aci not in ("", "true", "false"):
+        raise ValueError("'aci_miss' must be true, false or empty")
     try:
         ranks = [int(r) for r in row["accepted_ranks"].split(";") if r.strip()]
         candidates = json.loads(row["candidates"])
@@ -189,6 +202,7 @@ def _from_csv_row(row: dict[str, str]) -> Any:
             "verdict": verdict,
             "score": row["score"],
             "applied_at": row["applied_at"],
+            "aci_miss": None if not aci else aci == "true",
         }
     )
 

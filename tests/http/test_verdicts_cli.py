@@ -53,7 +53,7 @@ async def _fill(path: Path, rows: list[tuple[ReviewItem, Verdict]]) -> None:
     clock = ManualClock(1.8e9)
     store = SqliteStore(path, clock=clock)
     try:
-        for item, verdict in rows:
+        for n, (item, verdict) in enumerate(rows):
             await store.submit(item)
             score = verdict_score(item, verdict)
             record = CalibrationRecord(
@@ -63,6 +63,7 @@ async def _fill(path: Path, rows: list[tuple[ReviewItem, Verdict]]) -> None:
                 score,
                 item.inclusion_probability,
                 item.sampled_at,
+                aci_miss=(None, True, False)[n % 3],  # ACI steps survive the round trip
             )
             await store.save_record(record, verdict)
             clock.advance(0.5)
@@ -177,6 +178,7 @@ def test_bad_import_files_are_clear_errors(
         "score": {**line, "score": 1},  # rank 2 was accepted: the score is 2
         "rank": {**line, "verdict": {**line["verdict"], "accepted_ranks": [3]}},
         "inclusion_probability": {**line, "inclusion_probability": 0},
+        "aci_miss": {**line, "aci_miss": "yes"},
     }
     capsys.readouterr()
     for word, bad in cases.items():
@@ -205,3 +207,27 @@ def test_the_kafka_backend_is_refused(tmp_path: Path, capsys: pytest.CaptureFixt
     )
     assert main(["verdicts", "export", "--config", str(config)]) == 2
     assert "Kafka backend" in capsys.readouterr().err
+
+
+def test_an_export_without_aci_miss_imports_as_no_aci_step(tmp_path: Path) -> None:
+    """Exports written before ``aci_miss`` existed (JSONL key, CSV column) still import."""
+    item = ReviewItem("qa:1", "m1", "qa", "q", (("2", 6), ("1", 4)), 10, 0.5, 1.7e9)
+    source = tmp_path / "s"
+    asyncio.run(_fill(source / "relmon.sqlite3", [(item, Verdict("qa:1", (2,)))]))
+    for fmt in ("jsonl", "csv"):
+        out = tmp_path / f"v.{fmt}"
+        export = ["verdicts", "export", "--state-dir", str(source), "-o", str(out)]
+        assert main([*export, "--format", fmt]) == 0
+        if fmt == "jsonl":
+            line = json.loads(out.read_text())
+            assert line["aci_miss"] is None
+            del line["aci_miss"]
+            out.write_text(json.dumps(line) + "\n")
+        else:
+            header, row = out.read_bytes().decode().split("\r\n")[:2]
+            assert header.endswith(",aci_miss") and row.endswith(",")
+            out.write_text(header.removesuffix(",aci_miss") + "\r\n" + row[:-1] + "\r\n")
+        target = tmp_path / f"t-{fmt}"
+        assert main(["verdicts", "import", "--state-dir", str(target), str(out)]) == 0
+        records, _ = asyncio.run(_state(target / "relmon.sqlite3"))
+        assert [(r.item_id, r.score, r.aci_miss) for r in records] == [("qa:1", 2.0, None)]

@@ -672,6 +672,8 @@ class MonitorService:
             1.0 / item.inclusion_probability
         )
         self._self_check(item, score, task)
+        # ACI: one step per applied verdict, kept as counts (the same at a restart,
+        # which replays the stored aci_miss, whatever order the verdicts came in).
         if state.aci is not None and record.aci_miss is not None:
             state.aci.update(record.aci_miss)
         self._update_alarm(state, score, item.inclusion_probability)

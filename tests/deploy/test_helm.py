@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "relmon"
 SCENARIOS = sorted((CHART / "ci").glob("*-values.yaml"))
 K8S = "1.30"
-CRDS = {"ServiceMonitor", "PrometheusRule", "ScaledObject"}
+CRDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule", "ScaledObject"}
 
 
 def values_of(path: Path | None) -> dict[str, Any]:
@@ -93,6 +93,9 @@ def test_every_rendered_manifest_is_valid_kubernetes(scenario: Path | None, tmp_
         assert service["metadata"]["labels"]["app.kubernetes.io/part-of"] == "relmon"
         selector = monitor["spec"]["selector"]["matchLabels"]
         assert selector.items() <= service["metadata"]["labels"].items()
+    for monitor in by_kind(docs, "PodMonitor"):
+        assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+        assert_pod_monitor_scrapes_relmon_as_job_relmon(monitor)
     for scaled in by_kind(docs, "ScaledObject"):
         assert scaled["apiVersion"] == "keda.sh/v1alpha1"
         trigger = scaled["spec"]["triggers"][0]
@@ -154,7 +157,8 @@ def test_standalone_pod_is_locked_down_and_probed() -> None:
     assert sc["allowPrivilegeEscalation"] is False
     assert sc["capabilities"]["drop"] == ["ALL"]
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    # Fed through the Service: /readyz would lock it out of its own traffic (see below).
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz/traffic"
     assert container["resources"]["requests"] and container["resources"]["limits"]
     assert container["args"] == ["run", "--config", "/etc/relmon/relmon.yaml"]
     mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
@@ -175,8 +179,17 @@ def readiness_path(values: dict[str, Any]) -> str:
 
 
 def test_readiness_follows_monitoring_only_where_traffic_does_not_depend_on_it() -> None:
+    """/readyz (503 while a circuit breaker is open) only where relmon pulls its traffic
+    from Kafka: the consumer keeps going while the pod is unready, so the next event's
+    first call is the breaker's trial. A pod fed through its Service (mirror, proxy)
+    would be removed from it, get no item, never send a trial and never recover."""
     kafka = values_of(CHART / "ci" / "standalone-kafka-values.yaml")
     assert readiness_path(kafka) == "/readyz"
+    assert readiness_path({}) == "/readyz/traffic"  # the default: mirror via the Service
+    mirror = values_of(CHART / "ci" / "standalone-mirror-values.yaml")
+    assert readiness_path(mirror) == "/readyz/traffic"
+    both = {"kafka": {"enabled": True}, "traffic": {"mode": "mirror"}}
+    assert readiness_path(both) == "/readyz/traffic"  # the mirror half needs the Service
     proxy = {"traffic": {"mode": "proxy", "upstreamUrl": "http://model:8000"}}
     assert readiness_path(proxy) == "/readyz/traffic"  # in the live path
     assert readiness_path({**proxy, "probes": {"readinessPath": "/readyz"}}) == "/readyz"
@@ -211,6 +224,8 @@ def test_metrics_off_renders_no_monitoring_objects() -> None:
         ({"config": {"tasks": []}}, "tasks"),
         ({"config": {"tasks": [{"name": "a"}], "metrics": {"port": 1}}}, "config"),
         ({"metrics": {"serviceMonitor": {"interval": "often"}}}, "interval"),
+        ({"metrics": {"podMonitor": {"interval": "often"}}}, "interval"),
+        ({"metrics": {"podMonitor": {"podSelector": {"app": 1}}}}, "podSelector"),
     ],
 )
 def test_schema_violations_are_rejected(values: dict[str, Any], message: str) -> None:
@@ -342,6 +357,78 @@ def test_sidecar_template_adds_relmon_to_an_application_pod(tmp_path: Path) -> N
     for doc in docs:
         if doc["kind"] not in CRDS:
             kubernetes_validate.validate(doc, K8S, strict=True)
+
+
+def assert_pod_monitor_scrapes_relmon_as_job_relmon(
+    monitor: dict[str, Any], pod: dict[str, Any] | None = None
+) -> None:
+    """The PodMonitor scrapes relmon's metrics port under job="relmon", the job the alert
+    rules match (up{job="relmon"}); with ``pod`` (a pod template), it selects that pod."""
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    assert endpoint["port"] == "relmon-metrics" and endpoint["path"] == "/metrics"
+    assert {"action": "replace", "targetLabel": "job", "replacement": "relmon"} in endpoint[
+        "relabelings"
+    ]
+    rules = (ROOT / "deploy" / "prometheus" / "relmon-alerts.rules.yml").read_text()
+    assert 'up{job="relmon"}' in rules
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["llm"]}
+    if pod is None:
+        return
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert selector and selector.items() <= pod["metadata"]["labels"].items()
+    (relmon,) = [c for c in pod["spec"]["containers"] if c["name"] == "relmon"]
+    names = [p["name"] for c in pod["spec"]["containers"] for p in c.get("ports", [])]
+    assert names.count("relmon-metrics") == 1  # relmon's container only
+    assert "relmon-metrics" in {p["name"] for p in relmon["ports"]}
+
+
+def test_a_pod_monitor_scrapes_relmon_without_a_service(tmp_path: Path) -> None:
+    """The sidecar has no Service, so no ServiceMonitor can find it: the PodMonitor
+    selects the application's pods and relmon's port in them, as job "relmon"."""
+    # Standalone: the Deployment's own pods by default.
+    docs = render({"metrics": {"podMonitor": {"enabled": True}}})
+    (monitor,) = by_kind(docs, "PodMonitor")
+    (deployment,) = by_kind(docs, "Deployment")
+    assert_pod_monitor_scrapes_relmon_as_job_relmon(monitor, deployment["spec"]["template"])
+    assert by_kind(render({}), "PodMonitor") == []  # off by default
+    # Sidecar: the application chart of deploy/helm/, with relmon as a dependency.
+    app = tmp_path / "app"
+    (app / "templates").mkdir(parents=True)
+    shutil.copytree(CHART, app / "charts" / "relmon")
+    (app / "Chart.yaml").write_text(
+        "apiVersion: v2\nname: app\nversion: 1.0.0\n"
+        "dependencies:\n  - name: relmon\n    version: 0.1.0\n"
+    )
+    (app / "values.yaml").write_text((ROOT / "deploy" / "helm" / "sidecar-values.yaml").read_text())
+    (app / "templates" / "deployment.yaml").write_text(
+        (ROOT / "deploy" / "helm" / "app-deployment.yaml").read_text()
+    )
+    docs = render({}, chart=app)
+    (monitor,) = by_kind(docs, "PodMonitor")
+    (deployment,) = by_kind(docs, "Deployment")
+    assert_pod_monitor_scrapes_relmon_as_job_relmon(monitor, deployment["spec"]["template"])
+    assert by_kind(docs, "Service") == [] and by_kind(docs, "ServiceMonitor") == []
+    # The ci scenario (linted strict) has one too.
+    (monitor,) = by_kind(render(values_of(CHART / "ci" / "sidecar-values.yaml")), "PodMonitor")
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"mode": "sidecar", "service": {"enabled": False}}, "podSelector"),
+        ({"listenHost": "127.0.0.1"}, "loopback"),
+        ({"serviceMonitor": {"enabled": True}}, "not both"),
+    ],
+)
+def test_the_template_refuses_a_pod_monitor_that_cannot_work(
+    values: dict[str, Any], message: str
+) -> None:
+    values = {**values, "metrics": {"podMonitor": {"enabled": True}}}
+    if "serviceMonitor" in values:
+        values["metrics"]["serviceMonitor"] = values.pop("serviceMonitor")
+    with pytest.raises(helm_python.HelmRenderError, match=message):
+        render(values)
 
 
 def test_the_query_hash_key_comes_from_the_secret_on_every_backend() -> None:

@@ -121,3 +121,88 @@ def test_alertmanager_example_passes_amtool_and_routes_by_severity() -> None:
         routed = run("amtool", "config", "routes", "test", f"--config.file={config}", *labels)
         assert routed.returncode == 0, routed.stderr
         assert routed.stdout.strip() == receiver
+
+
+def _matches(matcher: str, labels: dict[str, str]) -> bool:
+    match = re.fullmatch(r'\s*(\w+)\s*(=~|!~|!=|=)\s*"(.*)"\s*', matcher)
+    assert match, matcher
+    name, op, value = match.groups()
+    actual = labels.get(name, "")
+    if op in ("=~", "!~"):
+        found = re.fullmatch(value, actual) is not None  # Alertmanager anchors regexes
+        return found if op == "=~" else not found
+    return (actual == value) if op == "=" else (actual != value)
+
+
+def inhibited(target: dict[str, str], firing: list[dict[str, str]]) -> bool:
+    """Alertmanager's inhibition: a firing source alert matching a rule's source matchers
+    mutes a target matching its target matchers when every ``equal`` label has the same
+    value on both, a missing label counting as the empty value."""
+    config = yaml.safe_load((ROOT / "deploy" / "alertmanager" / "alertmanager.yml").read_text())
+    for rule in config.get("inhibit_rules", []):
+        if not all(_matches(m, target) for m in rule["target_matchers"]):
+            continue
+        for source in firing:
+            if source is target or not all(_matches(m, source) for m in rule["source_matchers"]):
+                continue
+            if all(source.get(n, "") == target.get(n, "") for n in rule.get("equal", [])):
+                return True
+    return False
+
+
+def test_alertmanager_inhibition_is_scoped_to_what_is_down() -> None:
+    """One replica down mutes only its own per-replica alerts, never the model/task alerts
+    that the other replicas keep evaluating; relmon absent mutes relmon's alerts of the
+    same cluster only; a fast burn mutes the slow burn of its own task only."""
+    # Labels as the rules produce them: up{job="relmon"} keeps its target's labels;
+    # absent() keeps job; model/task alerts aggregate by (model, task[, alpha]);
+    # per-replica alerts by (job, instance, source).
+    down = {
+        "alertname": "RelmonDown",
+        "severity": "critical",
+        "job": "relmon",
+        "instance": "10.0.0.7:9108",
+        "namespace": "llm",
+        "pod": "rel-relmon-0",
+    }
+    absent = {"alertname": "RelmonAbsent", "severity": "critical", "job": "relmon"}
+    reliability = {
+        "alertname": "RelmonReliabilityBelowTarget",
+        "severity": "critical",
+        "model": "m",
+        "task": "t",
+    }
+    coverage = {
+        "alertname": "RelmonCoverageBelowPromise",
+        "severity": "warning",
+        "model": "m",
+        "task": "t",
+        "alpha": "0.1",
+    }
+    dropped_here = {
+        "alertname": "RelmonEventsDropped",
+        "severity": "warning",
+        "job": "relmon",
+        "instance": "10.0.0.7:9108",
+        "source": "mirror",
+    }
+    dropped_elsewhere = {**dropped_here, "instance": "10.0.0.8:9108"}
+    for target in (reliability, coverage, dropped_elsewhere):
+        assert not inhibited(target, [down]), target["alertname"]
+    assert inhibited(dropped_here, [down])
+    assert not inhibited(down, [down, absent]) and not inhibited(absent, [down, absent])
+    for target in (reliability, coverage, dropped_here):
+        assert inhibited(target, [absent]), target["alertname"]
+    # several Prometheus servers sharing the Alertmanager (an external label per cluster)
+    assert not inhibited({**reliability, "cluster": "b"}, [{**absent, "cluster": "a"}])
+    assert not inhibited({**dropped_here, "cluster": "b"}, [{**down, "cluster": "a"}])
+    assert inhibited({**reliability, "cluster": "a"}, [{**absent, "cluster": "a"}])
+    fast = {
+        "alertname": "RelmonErrorBudgetBurnFast",
+        "severity": "critical",
+        "model": "m",
+        "task": "t",
+    }
+    slow = {**fast, "alertname": "RelmonErrorBudgetBurnSlow", "severity": "warning"}
+    assert inhibited(slow, [fast])
+    assert not inhibited({**slow, "task": "other"}, [fast])

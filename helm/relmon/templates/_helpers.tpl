@@ -181,18 +181,25 @@ a sidecar:  {{ include "relmon.sidecar" .Subcharts.relmon | nindent 8 }}
 {{ include "relmon.sidecar.volumes" .Subcharts.relmon | nindent 8 }} in its volumes.
 */}}
 {{/*
-The readiness probe's path. /readyz is 503 while monitoring is stopped (an open circuit
-breaker, a broker gone); /readyz/traffic only while relmon starts or stops. A sidecar's
-readiness is its pod's, and a proxy is in the live path: neither may take the
-application's traffic away because monitoring stopped, so they use /readyz/traffic.
+The readiness probe's path. /readyz is 503 while monitoring is stopped (an open or
+half-open circuit breaker, a broker gone); /readyz/traffic only while relmon starts or
+stops. /readyz is used only where relmon pulls its traffic from Kafka (standalone,
+traffic.mode "off"): readiness does not stop a consumer, so the next event still comes,
+its first call is the circuit breaker's trial and monitoring recovers by itself.
+Everything fed through a Service or a pod uses /readyz/traffic:
+- mirror (the default): an unready pod is removed from the Service, mirrored copies stop
+  arriving, no item means no trial call, so the circuit never closes and the pod never
+  becomes ready again (and reviewers lose the review API on the same Service);
+- proxy: relmon is in the live path, the application's traffic would stop too;
+- sidecar: its readiness is its whole pod's, the application's.
 */}}
 {{- define "relmon.readinessPath" -}}
 {{- if .Values.probes.readinessPath -}}
 {{ .Values.probes.readinessPath }}
-{{- else if or (eq .Values.mode "sidecar") (eq .Values.traffic.mode "proxy") -}}
-/readyz/traffic
-{{- else -}}
+{{- else if and (eq .Values.mode "standalone") (eq .Values.traffic.mode "off") -}}
 /readyz
+{{- else -}}
+/readyz/traffic
 {{- end -}}
 {{- end -}}
 

@@ -5,9 +5,14 @@
 ``get_async_canonicalizer("llm", endpoint=URL, model=NAME, model_client_factory=f)``
 builds :class:`~adapters.llm_canon.LlmCanonicalizer` with a judge client made by
 ``f(endpoint=URL, model=NAME, **client_options)`` (it owns that client: close it with
-``aclose()``), or with a ready ``client=`` that the caller keeps and closes. Any other
-spec goes to :func:`monitor.canon.get_canonicalizer` and is wrapped with
-:func:`~monitor.canon.as_async`. Every failure is a :class:`~monitor.errors.ConfigError`.
+``aclose()``), or with a ready ``client=`` that the caller keeps and closes.
+``get_async_canonicalizer("regex", pattern=P, then="llm", then_options={...})`` (a task's
+``answer_pattern``) extracts P's group from each raw answer, as the ``regex``
+canonicalizer does, and gives the extracts to the ``llm`` (or ``embedding``) one; an
+answer without a match is :data:`~monitor.canon.INVALID`. Any other spec goes to
+:func:`monitor.canon.get_canonicalizer` and is wrapped with
+:func:`~monitor.canon.as_async`. An unknown name, also as a ``then``, is refused with
+every name above listed. Every failure is a :class:`~monitor.errors.ConfigError`.
 
 The judge must answer at temperature 0. A client that sets its own sampling parameters
 must be built that way, e.g. for ``adapters.openai_client.OpenAIClient`` (which replaces
@@ -20,10 +25,18 @@ the request's ``model``, ``temperature`` and ``max_tokens`` with its own)::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from monitor.canon import AsyncCanonicalizer, as_async, available_canonicalizers, get_canonicalizer
+from monitor.canon import (
+    INVALID,
+    AsyncCanonicalizer,
+    QueryContext,
+    RegexCanonicalizer,
+    as_async,
+    available_canonicalizers,
+    get_canonicalizer,
+)
 from monitor.errors import ConfigError
 from monitor.ports import ModelClient
 
@@ -56,12 +69,23 @@ def get_async_canonicalizer(
         return _embedding(options)
     if name == "llm":
         return _llm(options, model_client_factory)
+    _check_name(spec)
+    then = options.get("then")
+    if name == "regex" and isinstance(then, str):
+        _check_name(then)
+        if then.strip().lower() in _IO_NAMES:
+            return _extract_then(options, model_client_factory)
+    return as_async(get_canonicalizer(spec, **options))
+
+
+def _check_name(spec: str) -> None:
+    """Refuse a name that is neither registered (the I/O ones included) nor an import path."""
+    name = spec.strip().lower()
     if name not in available_async_canonicalizers() and ":" not in name and "." not in name:
         raise ConfigError(
             f"unknown canonicalizer {spec.strip()!r}; available: "
             f"{', '.join(available_async_canonicalizers())}, or an import path 'module:Class'"
         )
-    return as_async(get_canonicalizer(spec, **options))
 
 
 def check_canonicalizer(spec: str, options: Mapping[str, Any]) -> None:
@@ -93,6 +117,8 @@ def _llm(options: dict[str, Any], factory: ModelClientFactory | None) -> AsyncCa
     if not isinstance(client_options, Mapping):
         raise ConfigError("canonicalizer 'llm': client_options must be a mapping")
     then = options.get("then")
+    if isinstance(then, str):
+        _check_name(then)
     if isinstance(then, str) and then.strip().lower() in _IO_NAMES:
         # "llm then embedding" (paper A.3): cluster the judge's extractions.
         options["then"] = get_async_canonicalizer(
@@ -134,6 +160,58 @@ def _build_llm(client: Any, owns: bool, options: dict[str, Any]) -> AsyncCanonic
         return LlmCanonicalizer(client, owns_client=owns, **options)
     except TypeError as exc:
         raise ConfigError(f"canonicalizer 'llm': bad options: {exc}") from exc
+
+
+def _extract_then(
+    options: dict[str, Any], factory: ModelClientFactory | None
+) -> AsyncCanonicalizer:
+    rest = dict(options)
+    then = rest.pop("then")
+    then_options = rest.pop("then_options", None) or {}
+    if not isinstance(then_options, Mapping):
+        raise ConfigError("canonicalizer 'regex': then_options must be a mapping")
+    try:  # the pattern first: a bad one must not leave a judge client behind
+        extract = RegexCanonicalizer(then=_Marked(), **rest)
+    except TypeError as exc:
+        raise ConfigError(f"canonicalizer 'regex': bad options: {exc}") from exc
+    inner = get_async_canonicalizer(then, model_client_factory=factory, **dict(then_options))
+    return _ExtractThen(extract, inner)
+
+
+class _Marked:
+    """Returns the extract marked, so that an extract reading ``<INVALID>`` stays text."""
+
+    name = "extract"
+
+    def canonicalize(self, answer: str, context: QueryContext | None = None) -> str:
+        return "=" + answer
+
+
+class _ExtractThen:
+    """A task's ``answer_pattern`` before an I/O canonicalizer (``embedding``, ``llm``):
+    each answer's extract goes to ``inner``, in one call; no match is INVALID."""
+
+    def __init__(self, extract: RegexCanonicalizer, inner: AsyncCanonicalizer) -> None:
+        self._extract = extract
+        self._inner = inner
+
+    @property
+    def name(self) -> str:
+        return "regex"
+
+    async def canonicalize_many(
+        self, answers: Sequence[str], context: QueryContext | None = None
+    ) -> list[str]:
+        marked = [self._extract.canonicalize(a, context) for a in answers]
+        found = [m[1:] for m in marked if m != INVALID]
+        classes = iter(await self._inner.canonicalize_many(found, context) if found else [])
+        return [INVALID if m == INVALID else next(classes) for m in marked]
+
+    async def aclose(self) -> None:
+        """Close ``inner`` if it has anything to close (an ``llm`` judge it owns)."""
+        close = getattr(self._inner, "aclose", None)
+        if close is not None:
+            await close()
 
 
 class _UnbuiltClient:

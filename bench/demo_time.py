@@ -186,7 +186,8 @@ def _git_toplevel() -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    first = __doc__.splitlines()[0].replace("``", "") if __doc__ else None
+    parser = argparse.ArgumentParser(description=first)
     parser.add_argument("--repo", help="what to clone (default: this checkout)")
     parser.add_argument("--ref", help="commit or branch to check out after cloning")
     parser.add_argument("--mode", choices=["cold", "warm", "both"], default="both")

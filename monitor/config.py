@@ -206,10 +206,12 @@ class TaskSettings(_Strict):
         return self.review_min_rate if self.review_min_rate is not None else self.review_rate / 5
 
     def canonicalizer_spec(self) -> tuple[str, dict[str, Any]]:
-        """The canonicalizer to build: ``answer_pattern`` wraps a per-answer one in ``regex``."""
+        """The canonicalizer to build: ``answer_pattern`` wraps it in ``regex``, which
+        extracts from each raw answer what ``canonicalizer`` then sees (for ``embedding``
+        and ``llm`` too: :func:`adapters.canon_registry.get_async_canonicalizer`)."""
         options = dict(self.canonicalizer_options)
         spec = self.canonicalizer
-        if self.answer_pattern is not None and spec.strip().lower() not in ("embedding", "llm"):
+        if self.answer_pattern is not None:
             return "regex", {"pattern": self.answer_pattern, "then": spec, "then_options": options}
         return spec, options
 
@@ -342,6 +344,7 @@ class ReviewSettings(_Strict):
     """How long a verdict from the review page can be undone before it is applied."""
 
     def resolved_token(self) -> str | None:
+        """``token``, else the contents of ``token_file`` (both: validate_settings refuses)."""
         if self.token is not None and self.token.get_secret_value().strip():
             return self.token.get_secret_value().strip()
         if self.token_file is not None:
@@ -731,12 +734,8 @@ def _kafka_problems(kafka: KafkaSettings) -> tuple[list[str], list[str]]:
             )
         if not sasl.username:
             problems.append(f"kafka.sasl.username: required with security_protocol {protocol}")
-        if sasl.password is not None and sasl.password_file is not None:
-            problems.append(
-                "kafka.sasl.password_file: set either kafka.sasl.password (or "
-                "RELMON_KAFKA__SASL__PASSWORD) or password_file, not both"
-            )
-        elif sasl.password_file is not None:
+        # Both password and password_file: validate_settings reports it, Kafka on or off.
+        if sasl.password is None and sasl.password_file is not None:
             try:
                 sasl.resolved_password()
             except ConfigError as exc:
@@ -766,6 +765,14 @@ def _kafka_problems(kafka: KafkaSettings) -> tuple[list[str], list[str]]:
     return problems, warnings
 
 
+def _given_twice(key: str, variable: str) -> str:
+    """The one message for a secret given both as ``key`` (or its variable) and in a file.
+
+    ``key`` is the full name (``endpoint.api_key``); the file key is ``key + "_file"``.
+    """
+    return f"{key}_file: set either {key} (or {variable}) or {key}_file, not both"
+
+
 def validate_settings(settings: Settings, *, review_token: str | None = None) -> list[str]:
     """Everything ``relmon run`` needs beyond the field checks; returns warnings.
 
@@ -790,27 +797,30 @@ def validate_settings(settings: Settings, *, review_token: str | None = None) ->
                 "(or name it in match.model)"
             )
         if t.endpoint.api_key is not None and t.endpoint.api_key_file is not None:
-            problems.append(
-                f"{where}.endpoint.api_key_file: set either endpoint.api_key "
-                "(or its RELMON_TASKS__<i>__ENDPOINT__API_KEY variable) or api_key_file, not both"
-            )
+            variable = f"RELMON_TASKS__{i}__ENDPOINT__API_KEY"
+            problems.append(f"{where}.{_given_twice('endpoint.api_key', variable)}")
         elif t.endpoint.api_key_file is not None:
             try:
                 t.endpoint.resolved_api_key()
             except ConfigError as exc:
                 problems.append(f"{where}.{exc}")
-        if t.answer_pattern is not None:
-            try:
-                re.compile(t.answer_pattern)
-            except re.error as exc:
-                problems.append(f"{where}.answer_pattern: not a regular expression: {exc}")
-                continue
-        spec, options = t.canonicalizer_spec()
+        # The canonicalizer as named (so the message is the same with or without
+        # answer_pattern), then wrapped in the pattern as the service builds it.
         try:
-            check_canonicalizer(spec, options)
+            check_canonicalizer(t.canonicalizer, t.canonicalizer_options)
         except ConfigError as exc:
-            field = "canonicalizer" if spec == t.canonicalizer else "answer_pattern"
-            problems.append(f"{where}.{field}: {exc}")
+            problems.append(f"{where}.canonicalizer: {exc}")
+        else:
+            if t.answer_pattern is not None:
+                try:
+                    re.compile(t.answer_pattern)
+                except re.error as exc:
+                    problems.append(f"{where}.answer_pattern: not a regular expression: {exc}")
+                else:
+                    try:
+                        check_canonicalizer(*t.canonicalizer_spec())
+                    except ConfigError as exc:
+                        problems.append(f"{where}.answer_pattern: {exc}")
         for kind, count in t.endpoint.retry_limits().items():
             if count > MAX_RETRIES_PER_OUTCOME:
                 field = (
@@ -835,11 +845,17 @@ def validate_settings(settings: Settings, *, review_token: str | None = None) ->
     if settings.kafka.enabled:
         kafka_problems, kafka_warnings = _kafka_problems(settings.kafka)
         problems += kafka_problems
+    token_twice = settings.review.token is not None and settings.review.token_file is not None
+    if token_twice:
+        problems.append(_given_twice("review.token", "RELMON_REVIEW__TOKEN"))
+    sasl = settings.kafka.sasl
+    if sasl.password is not None and sasl.password_file is not None:
+        problems.append(_given_twice("kafka.sasl.password", "RELMON_KAFKA__SASL__PASSWORD"))
     if settings.review.backend == "http":
         problem = _state_dir_problem(settings.state_dir)
         if problem:
             problems.append(f"state_dir: {problem}")
-        token = review_token
+        token = review_token or ("(reported)" if token_twice else None)
         if not token:
             try:
                 token = settings.resolved_review_token()
@@ -852,7 +868,7 @@ def validate_settings(settings: Settings, *, review_token: str | None = None) ->
                 "review.token or review.token_file"
             )
     if settings.query_hash_key is not None and settings.query_hash_key_file is not None:
-        problems.append("query_hash_key_file: set either query_hash_key or query_hash_key_file")
+        problems.append(_given_twice("query_hash_key", "RELMON_QUERY_HASH_KEY"))
     elif settings.query_hash_key_file is not None:
         try:
             settings.resolved_query_hash_key()

@@ -126,7 +126,7 @@ def build_task(task: TaskSettings, metrics: Metrics) -> TaskRuntime:
     spec, options = task.canonicalizer_spec()
     canonicalizer = get_async_canonicalizer(spec, model_client_factory=_judge_client, **options)
     # For verdicts that type the answer instead of picking a rank (sync canonicalizers only).
-    async_only = spec.strip().lower() in _ASYNC_ONLY
+    async_only = task.canonicalizer.strip().lower() in _ASYNC_ONLY  # answer_pattern or not
     sync: Canonicalizer | None = None if async_only else get_canonicalizer(spec, **options)
 
     rule = get_stopping_rule(
@@ -528,5 +528,7 @@ async def run_service(
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.remove_signal_handler(sig)
-    log.info("relmon_stopped", drained=drained)
+    # The metrics server is closed by now: the last line says how many items stopped
+    # unfinished (each also logged as item_interrupted), so no count is lost.
+    log.info("relmon_stopped", drained=drained, interrupted=running.service.stats.interrupted)
     return 0 if drained else 1

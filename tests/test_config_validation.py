@@ -60,6 +60,36 @@ INVALID = [
         id="unknown-canonicalizer",
     ),
     pytest.param(
+        TASK.format(canon="numerc")
+        + "    answer_pattern: 'Answer: (.*)'\nreview: {token: t0k3n}\n",
+        ["tasks[0] (arith).canonicalizer: unknown canonicalizer 'numerc'; available: "],
+        id="unknown-canonicalizer-with-answer-pattern",
+    ),
+    pytest.param(
+        TASK.format(canon="llm")
+        + "    canonicalizer_options: {endpoint: 'http://127.0.0.1:9/v1', then: numerc}\n"
+        + "    answer_pattern: 'Answer: (.*)'\nreview: {token: t0k3n}\n",
+        ["tasks[0] (arith).canonicalizer: unknown canonicalizer 'numerc'; available: "],
+        id="unknown-then-of-llm-with-answer-pattern",
+    ),
+    pytest.param(
+        TASK.format(canon="numeric") + "review: {token: t0k3n, token_file: /no/such/token}\n",
+        [
+            "review.token_file: set either review.token (or RELMON_REVIEW__TOKEN) "
+            "or review.token_file, not both"
+        ],
+        id="review-token-and-token-file",
+    ),
+    pytest.param(
+        TASK.format(canon="numeric")
+        + "review: {token: t0k3n}\nquery_hash_key: k\nquery_hash_key_file: /no/such/key\n",
+        [
+            "query_hash_key_file: set either query_hash_key (or RELMON_QUERY_HASH_KEY) "
+            "or query_hash_key_file, not both"
+        ],
+        id="query-hash-key-and-file",
+    ),
+    pytest.param(
         "tasks: [{name: arith, canonicalizer: numeric, canonicalizer_options: {percent: x}}]\n"
         "review: {token: t0k3n}\n",
         ["tasks[0] (arith).canonicalizer: ", "percent"],
@@ -348,6 +378,160 @@ async def test_api_key_in_the_file_and_from_api_key_file(
     both = mounted.replace("api_key_file", "api_key: sk-x, api_key_file")
     with pytest.raises(ConfigError, match=r"tasks\[0\] \(a\)\.endpoint\.api_key_file: set either"):
         validate_settings(load_settings(write(tmp_path, both)))
+
+
+SECRET_TWICE = [
+    # (config, environment, (where the file key is, the value key, its variable))
+    pytest.param(
+        (
+            "tasks: [{name: a, endpoint: {model: m, api_key: sk-x, api_key_file: KEY}}]\n",
+            {},
+            (
+                "tasks[0] (a).endpoint.api_key",
+                "endpoint.api_key",
+                "RELMON_TASKS__0__ENDPOINT__API_KEY",
+            ),
+        ),
+        id="api-key-and-file",
+    ),
+    pytest.param(
+        (
+            "tasks: [{name: a, endpoint: {model: m, api_key_file: KEY}}]\n",
+            {"RELMON_TASKS__0__ENDPOINT__API_KEY": "sk-env"},
+            (
+                "tasks[0] (a).endpoint.api_key",
+                "endpoint.api_key",
+                "RELMON_TASKS__0__ENDPOINT__API_KEY",
+            ),
+        ),
+        id="api-key-variable-and-file",
+    ),
+    pytest.param(
+        (
+            "tasks: [{name: a, endpoint: {model: m}}]\nreview: {token: t, token_file: KEY}\n",
+            {},
+            ("review.token", "review.token", "RELMON_REVIEW__TOKEN"),
+        ),
+        id="review-token-and-file",
+    ),
+    pytest.param(
+        (
+            "tasks: [{name: a, endpoint: {model: m}}]\nreview: {token_file: KEY}\n",
+            {"RELMON_REVIEW__TOKEN": "t"},
+            ("review.token", "review.token", "RELMON_REVIEW__TOKEN"),
+        ),
+        id="review-token-variable-and-file",
+    ),
+    pytest.param(
+        (
+            "tasks: [{name: a, endpoint: {model: m}}]\nreview: {token: t}\nkafka: "
+            "{enabled: true, security_protocol: SASL_SSL, sasl: {mechanism: SCRAM-SHA-512, "
+            "username: u, password: p, password_file: KEY}}\n",
+            {},
+            ("kafka.sasl.password", "kafka.sasl.password", "RELMON_KAFKA__SASL__PASSWORD"),
+        ),
+        id="sasl-password-and-file",
+    ),
+    pytest.param(
+        (
+            "tasks: [{name: a, endpoint: {model: m}}]\nreview: {token: t}\nkafka: "
+            "{enabled: true, security_protocol: SASL_SSL, sasl: {mechanism: SCRAM-SHA-512, "
+            "username: u, password_file: KEY}}\n",
+            {"RELMON_KAFKA__SASL__PASSWORD": "p"},
+            ("kafka.sasl.password", "kafka.sasl.password", "RELMON_KAFKA__SASL__PASSWORD"),
+        ),
+        id="sasl-password-variable-and-file",
+    ),
+    pytest.param(
+        (
+            "tasks: [{name: a, endpoint: {model: m}}]\nreview: {token: t}\n"
+            "query_hash_key: k\nquery_hash_key_file: KEY\n",
+            {},
+            ("query_hash_key", "query_hash_key", "RELMON_QUERY_HASH_KEY"),
+        ),
+        id="query-hash-key-and-file",
+    ),
+    pytest.param(
+        (
+            "tasks: [{name: a, endpoint: {model: m}}]\nreview: {token: t}\n"
+            "query_hash_key_file: KEY\n",
+            {"RELMON_QUERY_HASH_KEY": "k"},
+            ("query_hash_key", "query_hash_key", "RELMON_QUERY_HASH_KEY"),
+        ),
+        id="query-hash-key-variable-and-file",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", SECRET_TWICE)
+def test_a_secret_given_as_value_and_file_is_an_error_naming_both(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    case: tuple[str, dict[str, str], tuple[str, str, str]],
+) -> None:
+    """One rule for every secret: its value (from the file or its variable) or its file."""
+    text, env, names = case
+    key_file = tmp_path / "secret"
+    key_file.write_text("s3cret-from-file\n")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    path = write(tmp_path, text.replace("KEY", str(key_file)) + f"state_dir: {tmp_path}\n")
+    where, key, variable = names
+    line = f"{where}_file: set either {key} (or {variable}) or {key}_file, not both"
+    with pytest.raises(ConfigError) as err:
+        validate_settings(load_settings(path))
+    assert line in str(err.value)
+    assert main(["check-config", "--config", str(path)]) == 2
+    captured = capsys.readouterr()
+    assert f"relmon: error: {path}: {line}" in captured.err.splitlines()
+    assert "s3cret" not in captured.err and "sk-" not in captured.err
+
+
+@pytest.mark.parametrize("also", ["review.token", "review.token_file", "RELMON_REVIEW__TOKEN"])
+def test_relmon_review_token_overrides_the_configured_token(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, also: str
+) -> None:
+    """The documented exception: RELMON_REVIEW_TOKEN (top-level review_token) wins."""
+    monkeypatch.setenv("RELMON_REVIEW_TOKEN", "from-relmon-review-token")
+    review: dict[str, Any] = {}
+    if also == "review.token":
+        review["token"] = "from-review-token"
+    elif also == "review.token_file":
+        f = tmp_path / "token"
+        f.write_text("from-token-file\n")
+        review["token_file"] = str(f)
+    else:
+        monkeypatch.setenv("RELMON_REVIEW__TOKEN", "from-nested-variable")
+    settings = _service_settings(tmp_path, model_url="http://127.0.0.1:9/v1", **review)
+    assert validate_settings(settings) == []
+    assert settings.resolved_review_token() == "from-relmon-review-token"
+
+
+@pytest.mark.parametrize(
+    ("env", "config", "expected"),
+    [
+        ({"RELMON_REVIEW__TOKEN": "nested"}, {}, "nested"),
+        ({"RELMON_REVIEW__TOKEN": "nested"}, {"token": "yaml"}, "nested"),
+        ({}, {"token": " yaml \n"}, "yaml"),
+    ],
+)
+def test_review_token_variable_sets_review_token(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    env: dict[str, str],
+    config: dict[str, Any],
+    expected: str,
+) -> None:
+    """RELMON_REVIEW__TOKEN is review.token, set from the environment (and wins over it)."""
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    text = f"tasks: [{{name: a, endpoint: {{model: m}}}}]\nstate_dir: {json.dumps(str(tmp_path))}\n"
+    if config:
+        text += f"review: {json.dumps(config)}\n"
+    settings = load_settings(write(tmp_path, text))
+    assert validate_settings(settings) == []
+    assert settings.resolved_review_token() == expected
 
 
 def _service_settings(

@@ -43,6 +43,28 @@ async def test_llm_canonicalizer_gets_a_temperature_zero_judge() -> None:
         await task.canonicalizer.aclose()  # type: ignore[attr-defined]
 
 
+async def test_answer_pattern_applies_before_the_llm_canonicalizer() -> None:
+    """``answer_pattern`` is applied first with ``llm`` too (it used to be dropped)."""
+    settings = TaskSettings(
+        name="t",
+        canonicalizer="llm",
+        canonicalizer_options={"endpoint": "http://127.0.0.1:9/v1", "model": "judge"},
+        answer_pattern=r"Final: (.*)",
+        endpoint={"model": "m"},
+    )
+    task = build_task(settings, Metrics(CollectorRegistry()))
+    try:
+        assert task.sync_canonicalizer is None  # verdicts pick ranks, as without a pattern
+        # No answer matches: no judge call (its endpoint, port 9, would refuse one).
+        assert await task.canonicalizer.canonicalize_many(["no final", "x"]) == [
+            "<INVALID>",
+            "<INVALID>",
+        ]
+    finally:
+        await task.client.aclose()
+        await task.canonicalizer.aclose()  # type: ignore[attr-defined]
+
+
 def test_a_task_needs_a_model() -> None:
     with pytest.raises(ConfigError, match=r"endpoint\.model"):
         build_task(TaskSettings(name="t"), Metrics(CollectorRegistry()))

@@ -150,3 +150,66 @@ async def test_llm_then_embedding_clusters_the_extractions(judge: JudgeServer) -
     # The judge extracts "Paris", "Paris.", "Lyon", "" and "Paris"; embedding clusters them.
     assert got == [PREFIX + "Paris", PREFIX + "Paris", PREFIX + "Lyon", INVALID, PREFIX + "Paris"]
     await canon.aclose()
+
+
+async def test_answer_pattern_before_llm_gives_the_judge_only_the_extract(
+    judge: JudgeServer,
+) -> None:
+    """A task's answer_pattern with ``llm``: the regex's group of each raw answer goes to
+    the judge; an answer without a match is INVALID and costs no judge call."""
+    factory = Factory()
+    canon = get_async_canonicalizer(
+        "regex",
+        pattern=r"Answer: (.*)",
+        then="llm",
+        then_options={"endpoint": judge.url, "model": "judge-1"},
+        model_client_factory=factory,
+    )
+    answers = [
+        "Let me think. Answer: The capital is Paris.",
+        "no marker here",
+        "Answer: I think it's Lyon",
+        "Answer: <INVALID>",
+    ]
+    got = await canon.canonicalize_many(answers, QueryContext(query="Capital?"))
+    assert got == ["paris", INVALID, "lyon", "invalid"]
+    judged = [r["messages"][-1]["content"] for r in judge.requests]
+    assert len(judged) == 3
+    assert not any("Let me think" in c or "no marker" in c for c in judged)
+    assert await canon.canonicalize_many(["nothing"]) == [INVALID]
+    assert len(judge.requests) == 3
+    # it owns the judge's client, through the llm canonicalizer
+    await canon.aclose()  # type: ignore[attr-defined]
+    assert factory.built[0].closed
+
+
+async def test_answer_pattern_before_embedding_clusters_the_extracts() -> None:
+    canon = get_async_canonicalizer(
+        "regex", pattern=r"Final: (?P<answer>.*)", then="embedding", then_options={}
+    )
+    got = await canon.canonicalize_many(["Steps... Final: Paris", "Final: paris.", "Paris"])
+    assert got == [PREFIX + "Paris", PREFIX + "Paris", INVALID]
+
+
+def test_answer_pattern_before_an_io_canonicalizer_checks_everything_first() -> None:
+    factory = Factory()
+    llm = {"endpoint": "http://127.0.0.1:9/v1"}
+    with pytest.raises(ConfigError, match="bad pattern"):
+        get_async_canonicalizer(
+            "regex", pattern="(", then="llm", then_options=llm, model_client_factory=factory
+        )
+    with pytest.raises(ConfigError, match="bad options"):
+        get_async_canonicalizer(
+            "regex",
+            pattern="x",
+            shout=1,
+            then="llm",
+            then_options=llm,
+            model_client_factory=factory,
+        )
+    assert factory.calls == []
+    for options in ({"then": "numerc"}, {"then": "llm", "then_options": {**llm, "then": "numerc"}}):
+        with pytest.raises(ConfigError, match="unknown canonicalizer 'numerc'") as err:
+            get_async_canonicalizer("regex", pattern="x", model_client_factory=factory, **options)
+        for name in ("embedding", "json", "llm", "mcq", "numeric", "regex", "text"):
+            assert name in str(err.value)

@@ -232,7 +232,9 @@ def test_query_hash_key_file(tmp_path: Path) -> None:
     both = load_settings(
         None, tasks=task, review_token="t", query_hash_key="k", query_hash_key_file=key_file
     )
-    with pytest.raises(ConfigError, match="either query_hash_key or query_hash_key_file"):
+    with pytest.raises(
+        ConfigError, match=r"either query_hash_key \(or .*\) or query_hash_key_file"
+    ):
         validate_settings(both)
     missing = load_settings(
         None, tasks=task, review_token="t", query_hash_key_file=tmp_path / "nope"

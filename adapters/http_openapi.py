@@ -44,8 +44,9 @@ def _errors(*codes: int) -> dict[str, Any]:
     text = {
         400: "Invalid input (a one-line message).",
         401: "Missing or wrong bearer token.",
+        403: "Another session gave this verdict: it stands.",
         404: "No such review item.",
-        409: "Too late: the verdict has been applied.",
+        409: "Too late: the verdict has been applied, or the lease is not this session's.",
         413: "Body over 64 KiB.",
     }
     return {str(c): _json(_ref("Error"), text[c]) for c in codes}
@@ -213,6 +214,17 @@ def _review_paths() -> dict[str, Any]:
                 "security": _BEARER,
                 "responses": {
                     "200": _json({"type": "object"}, "Undone."),
+                    **_errors(400, 401, 403, 409),
+                },
+            },
+        },
+        "/api/review-page/lease/{item_id}": {
+            "parameters": [_ITEM_ID, _SESSION],
+            "post": {
+                "summary": "Renew the session's lease on an item (the page does every lease/3).",
+                "security": _BEARER,
+                "responses": {
+                    "200": _json({"type": "object"}, "Renewed for lease_s seconds from now."),
                     **_errors(400, 401, 409),
                 },
             },

@@ -10,11 +10,18 @@ by :class:`adapters.http_review.ReviewServer`; the page and its two static files
     POST   /api/review-page/verdicts/{id}?session=S        hold a verdict for the undo
            window: 202 {"status": "held", "undo_s"}; 200 {"status": "duplicate"} if the
            item already has a verdict; 400 invalid; 404 unknown item
-    DELETE /api/review-page/verdicts/{id}?session=S        undo a held verdict: 200
-           {"status": "undone", "item": {...}} (leased back to S); 409 once applied
+    DELETE /api/review-page/verdicts/{id}?session=S        undo a verdict S held: 200
+           {"status": "undone", "item": {...}} (leased back to S); 403 if another
+           session gave it (it stands); 409 once applied
+    POST   /api/review-page/lease/{id}?session=S           renew S's lease: 200
+           {"renewed": true, "lease_s"}; 409 if S holds no live lease on the item
     POST   /api/review-page/release/{id}?session=S         give a leased item back (skip)
     GET    /api/review-page/progress                       per task: reviewed today (UTC),
            waiting, calibration items, effective items, minimum needed
+
+A lease lasts ``lease_s`` seconds; the page renews the leases of the item it shows
+and the one it prefetched every ``lease_s / 3`` seconds, so an item stays with a
+reviewer who takes long over it, and goes back to the queue soon after the tab closes.
 
 Undo is a grace period, not a retraction: a page verdict waits in the store for
 ``undo_s`` seconds and only then goes to the verdict handler (the service), which adds it
@@ -92,13 +99,15 @@ class ReviewPageStore(Protocol):
 
     async def lease_item(self, item_id: str, *, holder: str, lease_s: float) -> None: ...
 
+    async def renew_lease(self, item_id: str, *, holder: str, lease_s: float) -> bool: ...
+
     async def release_lease(self, item_id: str, holder: str) -> bool: ...
 
     async def hold_verdict(
-        self, verdict: Verdict, hold_s: float
+        self, verdict: Verdict, hold_s: float, *, holder: str | None = None
     ) -> Literal["held", "duplicate"]: ...
 
-    async def undo_held(self, item_id: str) -> bool: ...
+    async def undo_held(self, item_id: str, holder: str) -> Literal["undone", "other", "none"]: ...
 
     async def claim_due(self) -> list[Verdict]: ...
 
@@ -115,6 +124,11 @@ def _session(request: web.Request) -> str:
             content_type="application/json",
         )
     return value
+
+
+def _holder(request: web.Request) -> str:
+    """The lease and undo holder of a page request: its session."""
+    return "page:" + _session(request)
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -162,6 +176,7 @@ class ReviewPage:
         app.router.add_get("/api/review-page/progress", self._progress_route)
         app.router.add_post("/api/review-page/verdicts/{item_id:.+}", self._hold)
         app.router.add_delete("/api/review-page/verdicts/{item_id:.+}", self._undo)
+        app.router.add_post("/api/review-page/lease/{item_id:.+}", self._renew)
         app.router.add_post("/api/review-page/release/{item_id:.+}", self._release)
         app.on_startup.append(self._start)
         app.on_cleanup.append(self._stop)
@@ -223,7 +238,7 @@ class ReviewPage:
         clients without ``session`` share the holder ``api:<reviewer>``)."""
         task = request.query.get("task") or None
         if "session" in request.query:
-            holder = "page:" + _session(request)
+            holder = _holder(request)
         else:
             holder = "api:" + request.query.get("reviewer", "")[:128]
         exclude = request.query.getall("exclude", [])[:_MAX_EXCLUDE]
@@ -236,7 +251,7 @@ class ReviewPage:
 
     async def _hold(self, request: web.Request) -> web.StreamResponse:
         item_id = request.match_info["item_id"]
-        _session(request)
+        holder = _holder(request)
         if (request.content_length or 0) > _MAX_VERDICT_BYTES:
             return _error(413, f"a verdict is at most {_MAX_VERDICT_BYTES} bytes")
         body = await request.read()
@@ -247,7 +262,7 @@ class ReviewPage:
             verdict = parse_verdict(body, item_id=item_id, max_rank=len(item.candidates))
         except InputError as exc:
             return _error(400, str(exc).splitlines()[0] if str(exc) else "invalid verdict")
-        status = await self._store.hold_verdict(verdict, self.undo_s)
+        status = await self._store.hold_verdict(verdict, self.undo_s, holder=holder)
         _log.info("review_verdict_held", item_id=item_id, status=status)
         if status == "duplicate":
             return web.json_response({"status": "duplicate"})
@@ -257,8 +272,11 @@ class ReviewPage:
 
     async def _undo(self, request: web.Request) -> web.StreamResponse:
         item_id = request.match_info["item_id"]
-        holder = "page:" + _session(request)
-        if not await self._store.undo_held(item_id):
+        holder = _holder(request)
+        outcome = await self._store.undo_held(item_id, holder)
+        if outcome == "other":
+            return _error(403, "this verdict was given in another session; it stands")
+        if outcome == "none":
             return _error(409, "too late to undo: the verdict has been applied")
         _log.info("review_verdict_undone", item_id=item_id)
         await self._store.lease_item(item_id, holder=holder, lease_s=self.lease_s)
@@ -267,10 +285,16 @@ class ReviewPage:
             {"status": "undone", "item": None if undone is None else undone.to_json()}
         )
 
-    async def _release(self, request: web.Request) -> web.StreamResponse:
-        released = await self._store.release_lease(
-            request.match_info["item_id"], "page:" + _session(request)
+    async def _renew(self, request: web.Request) -> web.StreamResponse:
+        renewed = await self._store.renew_lease(
+            request.match_info["item_id"], holder=_holder(request), lease_s=self.lease_s
         )
+        if not renewed:
+            return _error(409, "this session holds no lease on the item (expired or taken)")
+        return web.json_response({"renewed": True, "lease_s": self.lease_s})
+
+    async def _release(self, request: web.Request) -> web.StreamResponse:
+        released = await self._store.release_lease(request.match_info["item_id"], _holder(request))
         return web.json_response({"released": released})
 
     async def _progress_route(self, request: web.Request) -> web.StreamResponse:

@@ -18,7 +18,8 @@ Schema (version :data:`SCHEMA_VERSION`)::
             aci_miss INTEGER  -- the verdict's ACI step: 1 miss, 0 covered, NULL none)
     leases(item_id TEXT PRIMARY KEY, holder TEXT, expires REAL)
     held_verdicts(item_id TEXT PRIMARY KEY, verdict TEXT (Verdict JSON), held_at REAL,
-                  due REAL, claimed INTEGER (1 once the flusher has taken it))
+                  due REAL, claimed INTEGER (1 once the flusher has taken it),
+                  holder TEXT (who may undo it; NULL: nobody))
     schema_version(version INTEGER)
 
 ``seq`` is the one order of the calibration window: a verdict's number, given in the
@@ -34,13 +35,16 @@ for the verdicts they hold (no ACI step: those relmon versions restarted alpha_t
 alpha anyway) and move to schema 3.
 
 Leases (:meth:`lease_next`) keep two reviewers from being handed the same item at the
-same time: an item leased to another holder and not yet expired is skipped. Held
-verdicts (:meth:`hold_verdict`) are the review page's undo window: a verdict waits
-there until it is due, can be withdrawn (:meth:`undo_held`) until the flusher claims it
-(:meth:`claim_due`), and is then applied like any verdict and dropped
-(:meth:`drop_held`). A claimed verdict is never undone; one claimed before a crash is
-claimed again at the next start and applied again (idempotent by item id). The two
-tables were added without changing the schema version: an older relmon ignores them.
+same time: an item leased to another holder and not yet expired is skipped; the holder
+keeps it longer with :meth:`renew_lease` while the lease is live. Held verdicts
+(:meth:`hold_verdict`) are the review page's undo window: a verdict waits there until it
+is due, can be withdrawn (:meth:`undo_held`) by its holder (the session that gave it)
+until the flusher claims it (:meth:`claim_due`), and is then applied like any verdict
+and dropped (:meth:`drop_held`). A claimed verdict is never undone; one claimed before a
+crash is claimed again at the next start and applied again (idempotent by item id). The
+two tables, and later the held verdicts' ``holder`` column, were added without changing
+the schema version: an older relmon ignores them, and a verdict held by one (holder
+NULL) cannot be undone, only applied.
 
 ``pending`` is derived data kept for the index that makes :meth:`next_pending` and
 :meth:`depth` cheap: an item stops being pending in the same transaction that saves its
@@ -108,7 +112,8 @@ CREATE TABLE IF NOT EXISTS held_verdicts (
     verdict TEXT NOT NULL,
     held_at REAL NOT NULL,
     due REAL NOT NULL,
-    claimed INTEGER NOT NULL DEFAULT 0
+    claimed INTEGER NOT NULL DEFAULT 0,
+    holder TEXT
 );
 """
 
@@ -174,6 +179,13 @@ def _add_aci_miss(conn: sqlite3.Connection) -> None:
     columns = {str(row[1]) for row in conn.execute("PRAGMA table_info(records)")}
     if columns and "aci_miss" not in columns:
         conn.execute("ALTER TABLE records ADD COLUMN aci_miss INTEGER")
+
+
+def _add_held_holder(conn: sqlite3.Connection) -> None:
+    """Give an older file's held verdicts the ``holder`` column (NULL: nobody may undo)."""
+    columns = {str(row[1]) for row in conn.execute("PRAGMA table_info(held_verdicts)")}
+    if columns and "holder" not in columns:
+        conn.execute("ALTER TABLE held_verdicts ADD COLUMN holder TEXT")
 
 
 def _aci_column(miss: bool | None) -> int | None:
@@ -247,6 +259,7 @@ class SqliteStore:
                 )
             _number_schema_1_records(conn)
             _add_aci_miss(conn)
+            _add_held_holder(conn)
             for statement in _SCHEMA.split(";"):
                 if statement.strip():
                     conn.execute(statement)
@@ -520,6 +533,21 @@ class SqliteStore:
 
         await self._run(lambda: self._write(lease))
 
+    async def renew_lease(self, item_id: str, *, holder: str, lease_s: float) -> bool:
+        """Extend ``holder``'s lease on an item to ``lease_s`` seconds from now; False
+        (nothing changed) if ``holder`` holds no live lease on it: expired, released,
+        another holder's, or no such item."""
+
+        def renew(conn: sqlite3.Connection) -> bool:
+            now = self._clock.time()
+            cur = conn.execute(
+                "UPDATE leases SET expires = ? WHERE item_id = ? AND holder = ? AND expires > ?",
+                (now + lease_s, item_id, holder, now),
+            )
+            return cur.rowcount > 0
+
+        return await self._run(lambda: self._write(renew))
+
     async def release_lease(self, item_id: str, holder: str) -> bool:
         """Give an item back before its lease expires; False if ``holder`` had no lease."""
 
@@ -531,8 +559,11 @@ class SqliteStore:
 
         return await self._run(lambda: self._write(release))
 
-    async def hold_verdict(self, verdict: Verdict, hold_s: float) -> Literal["held", "duplicate"]:
-        """Keep ``verdict`` for ``hold_s`` seconds before it is applied (undo window).
+    async def hold_verdict(
+        self, verdict: Verdict, hold_s: float, *, holder: str | None = None
+    ) -> Literal["held", "duplicate"]:
+        """Keep ``verdict`` for ``hold_s`` seconds before it is applied (undo window);
+        only ``holder`` may undo it (None: nobody).
 
         ``"duplicate"`` (nothing stored) if the item already has a verdict, applied or
         held: an item keeps one verdict, the first.
@@ -546,9 +577,9 @@ class SqliteStore:
             ).fetchone():
                 return "duplicate"
             cur = conn.execute(
-                "INSERT OR IGNORE INTO held_verdicts (item_id, verdict, held_at, due) "
-                "VALUES (?, ?, ?, ?)",
-                (verdict.item_id, text, now, now + hold_s),
+                "INSERT OR IGNORE INTO held_verdicts (item_id, verdict, held_at, due, holder) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (verdict.item_id, text, now, now + hold_s, holder),
             )
             if cur.rowcount == 0:
                 return "duplicate"
@@ -557,15 +588,22 @@ class SqliteStore:
 
         return await self._run(lambda: self._write(hold))
 
-    async def undo_held(self, item_id: str) -> bool:
-        """Withdraw a held verdict not yet claimed; False if there is none (already
-        applied, claimed for applying, or never held). The item waits for review again."""
+    async def undo_held(self, item_id: str, holder: str) -> Literal["undone", "other", "none"]:
+        """Withdraw a held verdict not yet claimed, if ``holder`` gave it: ``"undone"``
+        (the item waits for review again); ``"other"`` if it was held for another holder
+        (it stands); ``"none"`` if there is none (applied, claimed for applying, or never
+        held)."""
 
-        def undo(conn: sqlite3.Connection) -> bool:
-            cur = conn.execute(
-                "DELETE FROM held_verdicts WHERE item_id = ? AND claimed = 0", (item_id,)
-            )
-            return cur.rowcount > 0
+        def undo(conn: sqlite3.Connection) -> Literal["undone", "other", "none"]:
+            row = conn.execute(
+                "SELECT holder FROM held_verdicts WHERE item_id = ? AND claimed = 0", (item_id,)
+            ).fetchone()
+            if row is None:
+                return "none"
+            if row[0] != holder:
+                return "other"
+            conn.execute("DELETE FROM held_verdicts WHERE item_id = ?", (item_id,))
+            return "undone"
 
         return await self._run(lambda: self._write(undo))
 

@@ -183,6 +183,31 @@
     } catch (e) { say(e.message); }
   }
 
+  // Renew the leases of the item shown and the one prefetched every lease/3, so that an
+  // item stays with this tab however long the reviewer takes over it.
+  async function renewLease(id) {
+    const r = await api("POST", "api/review-page/lease/" + enc(id) + sessionQuery());
+    return r.ok;
+  }
+  async function renewLeases() {
+    const shown = state.current, ahead = state.prefetched;
+    if (shown && !(await renewLease(shown.item_id)) && state.current === shown) {
+      say("The hold on this item has lapsed: someone else may review it too (the first verdict counts).");
+    }
+    if (ahead) {
+      if (await renewLease(ahead.item.item_id)) ahead.at = Date.now();
+      else if (state.prefetched === ahead) state.prefetched = null;
+    }
+  }
+  let renewTimer = null;
+  function scheduleRenewal() {
+    clearTimeout(renewTimer);
+    renewTimer = setTimeout(async () => {
+      try { if (token()) await renewLeases(); } catch (e) { if (e instanceof Unauthorized) say(e.message); }
+      scheduleRenewal();
+    }, state.leaseMs / 3);
+  }
+
   async function submit() {
     const d = state.current;
     if (!d || state.busy) return;
@@ -268,7 +293,7 @@
       const r = await api("GET", "api/review-page/progress");
       if (!r.ok) return;
       const p = await r.json();
-      state.leaseMs = p.lease_s * 1000;
+      if (p.lease_s * 1000 !== state.leaseMs) { state.leaseMs = p.lease_s * 1000; scheduleRenewal(); }
       state.undoMs = p.undo_s * 1000;
       const table = document.createElement("table");
       const head = document.createElement("tr");
@@ -328,5 +353,6 @@
     if (token()) advance();
   });
   setInterval(() => { if (token() && !$("review").hidden) refreshProgress(); }, 15000);
+  scheduleRenewal();
   if (token() && reviewer()) { showLogin(false); refreshProgress().then(advance); } else { showLogin(true); }
 })();

@@ -12,7 +12,15 @@ verdict, and the verdicts are
 checked through the review API and /metrics (reviews counted, the calibration window
 grown by 20, the reliability level equal to an independent computation from the
 verdicts), a screenshot is saved (test-artifacts/review-page.png) and checked not to be
-blank, and an export/import round trip is checked to restore the same thresholds.
+blank, and an export/import round trip is checked to restore the same thresholds. The
+figures (review time, levels, thresholds, screenshot) go to
+test-artifacts/review-page-run.json, since ``make test`` does not show a passing test's
+output.
+
+A second, short test serves the page against a seeded store with a 3-second lease:
+an item with a single candidate shows the correct/incorrect layout, and the tab keeps
+its leases (the item shown and the one prefetched) by renewing them, well past the
+lease, until the verdict is given.
 """
 
 from __future__ import annotations
@@ -22,30 +30,34 @@ import contextlib
 import json
 import math
 import os
-import re
 import signal
 import subprocess
 import sys
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pytest
 from aiohttp import ClientSession, ClientTimeout, web
 from PIL import Image
-from playwright.sync_api import Browser, Page, sync_playwright
+from playwright.sync_api import Browser, Page, Request, sync_playwright
 from prometheus_client.parser import text_string_to_metric_families
 
+from adapters.http_review import ReviewServer
+from adapters.http_review_page import ReviewPage
 from adapters.sqlite_store import SqliteStore
 from monitor.demo import MODEL, TASK
+from monitor.review import ReviewItem
 from monitor.window import CalibrationWindow
+from tests.http.test_review_api import Handler, item
 from tests.ports import free_port
 
 TOKEN = "browser-test-token-7c1f"
@@ -53,6 +65,8 @@ HALF_LIFE_S = 30.0  # the demo's task settings
 REVIEW_RATE = 0.5
 ALPHAS = (0.05, 0.1, 0.2)
 ARTIFACTS = Path(os.environ.get("RELMON_TEST_ARTIFACTS", "test-artifacts"))
+RUN_FILE = "review-page-run.json"
+_T = TypeVar("_T")
 CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",
@@ -64,6 +78,17 @@ CHROMIUM_ARGS = [
 ]
 
 
+def http_get(url: str, token: str | None = TOKEN) -> tuple[int, bytes]:
+    request = urllib.request.Request(url)
+    if token is not None:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
 @dataclass
 class Demo:
     proc: subprocess.Popen[bytes]
@@ -72,14 +97,7 @@ class Demo:
     review: str
 
     def get(self, url: str, token: str | None = TOKEN) -> tuple[int, bytes]:
-        request = urllib.request.Request(url)
-        if token is not None:
-            request.add_header("Authorization", f"Bearer {token}")
-        try:
-            with urllib.request.urlopen(request, timeout=10) as r:
-                return r.status, r.read()
-        except urllib.error.HTTPError as exc:
-            return exc.code, exc.read()
+        return http_get(url, token)
 
     def samples(self) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
         status, body = self.get(f"{self.metrics}/metrics", None)
@@ -204,6 +222,25 @@ class Proxy:
 
 
 @contextlib.contextmanager
+def background_loop() -> Iterator[asyncio.AbstractEventLoop]:
+    """An event loop running on its own thread: Playwright's sync API runs one in this
+    thread, so the servers the browser talks to run there (see :func:`run_in`)."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="test-servers", daemon=True)
+    thread.start()
+    try:
+        yield loop
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(60)
+        loop.close()
+
+
+def run_in(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, _T]) -> _T:
+    return asyncio.run_coroutine_threadsafe(coro, loop).result(60)
+
+
+@contextlib.contextmanager
 def prefix_proxy(target: str) -> Iterator[Proxy]:
     """A reverse proxy on its own thread and event loop that serves ``target`` under
     ``/relmon/`` (``/relmon/x`` -> ``target/x``) and answers anything else 404, as a
@@ -211,8 +248,6 @@ def prefix_proxy(target: str) -> Iterator[Proxy]:
     (a ``Location`` too: relmon's redirects must be relative to work behind it)."""
     forwarded: list[str] = []
     refused: list[str] = []
-    loop = asyncio.new_event_loop()
-    ready = threading.Event()
     state: dict[str, Any] = {}
 
     async def forward(request: web.Request) -> web.StreamResponse:
@@ -234,7 +269,7 @@ def prefix_proxy(target: str) -> Iterator[Proxy]:
             out = {k: v for k, v in r.headers.items() if k.lower() not in _HOP_BY_HOP}
             return web.Response(status=r.status, body=body, headers=out)
 
-    async def start() -> None:
+    async def start() -> int:
         state["session"] = ClientSession(timeout=ClientTimeout(total=60), auto_decompress=False)
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", forward)
@@ -243,36 +278,49 @@ def prefix_proxy(target: str) -> Iterator[Proxy]:
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
         state["runner"] = runner
-        state["port"] = runner.addresses[0][1]
+        return int(runner.addresses[0][1])
 
     async def stop() -> None:
-        await state["runner"].cleanup()
-        await state["session"].close()
+        if "runner" in state:
+            await state["runner"].cleanup()
+        if "session" in state:
+            await state["session"].close()
 
-    def run() -> None:
-        asyncio.set_event_loop(loop)
+    with background_loop() as loop:
         try:
-            loop.run_until_complete(start())
-        except BaseException as exc:  # reported by the test's thread
-            state["error"] = exc
-            ready.set()
-            loop.close()
-            return
-        ready.set()
-        loop.run_forever()
-        loop.run_until_complete(stop())
-        loop.close()
+            port = run_in(loop, start())
+            yield Proxy(f"http://127.0.0.1:{port}{PREFIX.rstrip('/')}", forwarded, refused)
+        finally:
+            run_in(loop, stop())
 
-    thread = threading.Thread(target=run, name="prefix-proxy", daemon=True)
-    thread.start()
-    assert ready.wait(60), "the proxy did not start"
-    if "error" in state:
-        raise state["error"]
-    try:
-        yield Proxy(f"http://127.0.0.1:{state['port']}{PREFIX.rstrip('/')}", forwarded, refused)
-    finally:
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(60)
+
+@contextlib.contextmanager
+def page_server(path: Path, items: Sequence[ReviewItem], lease_s: float) -> Iterator[str]:
+    """The review API and page (no undo window) over a SQLite store holding ``items``,
+    on a background loop; yields its address."""
+    closers: list[Callable[[], Awaitable[None]]] = []
+
+    async def start() -> int:
+        store = await SqliteStore.open(path)
+        closers.append(store.aclose)
+        for it in items:
+            await store.submit(it)
+        handler = Handler(store)
+        page = ReviewPage(store=store, handler=handler, lease_s=lease_s, undo_s=0)
+        server = ReviewServer(store=store, handler=handler, token=TOKEN, port=0, page=page)
+        await server.start()
+        closers.append(server.stop)
+        return server.bound_port
+
+    async def stop() -> None:
+        for close in reversed(closers):
+            await close()
+
+    with background_loop() as loop:
+        try:
+            yield f"http://127.0.0.1:{run_in(loop, start())}"
+        finally:
+            run_in(loop, stop())
 
 
 def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
@@ -299,7 +347,7 @@ def test_a_wrong_token_is_refused(demo: Demo, browser: Browser) -> None:
 def expected_level(sampled_at: dict[str, float], good: set[str], now: float) -> float:
     """The weighted reliability level, computed here from the verdicts: weights
     2^(-age/h)/pi for the items, 1/pi for the test point (pi equal for all)."""
-    w = {i: 2.0 ** (-(now - t) / HALF_LIFE_S) for i, t in sampled_at.items()}
+    w = {i: math.pow(2.0, -(now - t) / HALF_LIFE_S) for i, t in sampled_at.items()}
     return sum(w[i] for i in good) / (sum(w.values()) + 1.0)
 
 
@@ -314,6 +362,37 @@ def load_records(path: Path) -> list[Any]:
     # Playwright's sync API runs an event loop in this thread: load in another one.
     with ThreadPoolExecutor(1) as pool:
         return pool.submit(asyncio.run, load()).result()
+
+
+SHOWN_JS = """() => ({
+  ranks: Array.from(document.querySelectorAll('#candidates li'), (e) => e.dataset.rank),
+  texts: Array.from(document.querySelectorAll('#candidates li'), (e) => e.textContent),
+  none_label: document.getElementById('none-label').textContent,
+})"""
+"""What the page shows of an item: each candidate's rank and whole text, "none" label."""
+
+
+def check_shown(shown: dict[str, Any], item_json: dict[str, Any]) -> None:
+    """Each candidate shows its key and its answer exactly (no count, nothing else); a
+    single candidate reads "Correct: <answer>" and "none of these" reads "Incorrect"."""
+    answers = {str(c["rank"]): c["answer"] for c in item_json["candidates"]}
+    single = len(answers) == 1
+    prefix = "Correct: " if single else ""
+    expected = [f"{i}{prefix}{answers[r]}" for i, r in enumerate(shown["ranks"], start=1)]
+    assert shown["texts"] == expected, (shown, answers)
+    assert sorted(shown["ranks"]) == sorted(answers)
+    assert shown["none_label"] == ("Incorrect" if single else "None of these")
+
+
+def save_run(run: dict[str, Any]) -> Path:
+    """The browser run's figures, next to the screenshot (``make test`` hides output)."""
+    path = ARTIFACTS / RUN_FILE
+    path.write_text(json.dumps(run, indent=2) + "\n")
+    return path
+
+
+def json_thresholds(thresholds: dict[float, float]) -> dict[str, float | str]:
+    return {str(a): "inf" if math.isinf(t) else t for a, t in thresholds.items()}
 
 
 def window_from(records: Any) -> CalibrationWindow:
@@ -342,7 +421,9 @@ def test_keyboard_review_of_20_items_with_undo(
 
     other = new_tab(browser)
     sign_in(other, demo.review, TOKEN, "Bob")
-    held_by_other = (other.wait_for_selector("#item[data-item]")).get_attribute("data-item")
+    other.wait_for_selector("#item[data-item]")
+    held_by_other = other.locator("#item").get_attribute("data-item")
+    assert held_by_other
     page = new_tab(browser)
     requested: list[str] = []
     page.on("request", lambda r: requested.append(r.url))
@@ -380,14 +461,15 @@ def test_keyboard_review_of_20_items_with_undo(
 
     expected: dict[str, float] = {}  # item -> score
     positions_seen: list[list[str]] = []
+    shown: dict[str, dict[str, Any]] = {}  # item -> what the page showed (checked below)
+    undone = ""
     started = time.monotonic()
     for j in range(20):
         item_id = page.locator("#item").get_attribute("data-item")
         assert item_id and item_id not in (held_by_other, skipped) and item_id not in expected
-        ranks = page.eval_on_selector_all("#candidates li", "els => els.map(e => e.dataset.rank)")
+        shown[item_id] = page.evaluate(SHOWN_JS)
+        ranks = shown[item_id]["ranks"]
         positions_seen.append(ranks)
-        # No counts on the page: only the answers.
-        assert not re.search(r"\d+\s*/\s*\d+", page.locator("#candidates").inner_text())
         if j == 14:  # none of these, with a correct answer no candidate has
             page.keyboard.press("0")
             page.keyboard.type("12345")
@@ -403,6 +485,7 @@ def test_keyboard_review_of_20_items_with_undo(
         page.keyboard.press("Enter")
         page.wait_for_selector(f"body[data-done='{j + 1}']")
         if j == 9:  # undo this one and judge it again, differently
+            undone = item_id
             page.keyboard.press("u")
             page.wait_for_selector(f"body[data-undone='{item_id}']")
             assert page.locator("#item").get_attribute("data-item") == item_id
@@ -429,6 +512,14 @@ def test_keyboard_review_of_20_items_with_undo(
     print(f"screenshot: {shot.resolve()}")
     pixels = np.asarray(Image.open(shot).convert("L"), dtype=float)
     assert pixels.shape[1] == 1280 and pixels.std() > 10, pixels.std()
+    run: dict[str, Any] = {
+        "review_seconds": round(seconds, 2),
+        "items": len(expected),
+        "undone": undone,
+        "single_candidate_items": sum(len(r) == 1 for r in positions_seen),
+        "screenshot": str(shot.resolve()),
+    }
+    print(f"figures: {save_run(run).resolve()}")
     # Random order: over 20 items with several candidates, not always rank order.
     multi = [r for r in positions_seen if len(r) > 1]
     if len(multi) >= 12:  # all in rank order by chance: probability <= 2^-12
@@ -442,22 +533,23 @@ def test_keyboard_review_of_20_items_with_undo(
     )
     sampled_at = {}
     for item_id, score in expected.items():
-        status, body = demo.get(f"{demo.review}/api/reviews/{urllib.request.quote(item_id)}")
+        status, body = demo.get(f"{demo.review}/api/reviews/{urllib.parse.quote(item_id)}")
         assert status == 200
         got = json.loads(body)
+        check_shown(shown[item_id], got)  # the answers exactly, no counts
         assert got["verdict"] is not None and got["verdict"]["reviewer"] == "Ada"
         assert got["verdict"]["none_of_these"] == math.isinf(score)
         sampled_at[item_id] = got["sampled_at"]
-    status, body = demo.get(f"{demo.review}/api/reviews/{urllib.request.quote(held_by_other)}")
+    status, body = demo.get(f"{demo.review}/api/reviews/{urllib.parse.quote(held_by_other)}")
     assert json.loads(body)["verdict"] is None  # the other tab's item was left alone
-    status, body = demo.get(f"{demo.review}/api/reviews/{urllib.request.quote(skipped)}")
+    status, body = demo.get(f"{demo.review}/api/reviews/{urllib.parse.quote(skipped)}")
     assert status == 200 and json.loads(body)["verdict"] is None
     # The skipped item is back in the queue, and near its front: it was the oldest free
     # item when it was shown, so a new reviewer asking for items gets it first, or after
     # the other tab's two (current and prefetched) if their leases ran out meanwhile.
     given: list[str] = []
     for _ in range(3):
-        query = "".join(f"&exclude={urllib.request.quote(i)}" for i in given)
+        query = "".join(f"&exclude={urllib.parse.quote(i)}" for i in given)
         status, body = demo.get(f"{demo.review}/api/reviews/next?session=probe{query}")
         assert status == 200
         given.append(json.loads(body)["item_id"])
@@ -479,6 +571,8 @@ def test_keyboard_review_of_20_items_with_undo(
     assert low - 1e-9 <= level <= high + 1e-9, (low, level, high)
     assert level > level_before
     print(f"reliability level {level_before} -> {level:.4f} (independent: {low:.4f}..{high:.4f})")
+    run |= {"level_before": level_before, "level_after": level, "level_independent": [low, high]}
+    save_run(run)
 
     # Export, import into a fresh state directory: the same thresholds.
     other.close()
@@ -507,6 +601,12 @@ def test_keyboard_review_of_20_items_with_undo(
     before, after = (window_from(r).snapshot(now) for r in records)
     assert before == after
     print(f"export/import round trip: thresholds {before.thresholds} == {after.thresholds}")
+    run["thresholds_round_trip"] = {
+        "exported_verdicts": 20,
+        "before": json_thresholds(before.thresholds),
+        "after": json_thresholds(after.thresholds),
+    }
+    save_run(run)
 
     # relmon started on the imported state serves the same calibration.
     moved = start_demo(tmp_path / "moved", tmp_path / "moved.log")
@@ -519,3 +619,38 @@ def test_keyboard_review_of_20_items_with_undo(
         assert low - 1e-9 <= level <= high + 1e-9
     finally:
         moved.stop()
+
+
+def test_single_candidate_layout_and_leases_renewed_past_their_length(
+    browser: Browser, tmp_path: Path
+) -> None:
+    lease_s = 3.0
+    solo = replace(item("qa:solo"), candidates=(("42", 10),))
+    with page_server(tmp_path / "relmon.db", [solo, item("qa:next")], lease_s) as base:
+        page = new_tab(browser)
+        renewed: list[str] = []  # the item ids of the lease renewals
+
+        def on_request(request: Request) -> None:
+            path = urllib.parse.urlsplit(request.url).path
+            if path.startswith("/api/review-page/lease/"):
+                renewed.append(urllib.parse.unquote(path.rsplit("/", 1)[-1]))
+
+        page.on("request", on_request)
+        sign_in(page, base, TOKEN, "Ada")
+        page.wait_for_selector("#item[data-item='qa:solo']")
+        shown = page.evaluate(SHOWN_JS)
+        check_shown(shown, solo.to_json())
+        assert shown["texts"] == ["1Correct: 42"]
+        assert "1 = correct, 0 = incorrect" in page.locator("#hint").inner_text()
+
+        # Three leases long: the tab renews the item shown and the prefetched one.
+        page.wait_for_timeout(3 * lease_s * 1000)
+        assert http_get(f"{base}/api/reviews/next?session=probe")[0] == 204
+        assert set(renewed) == {"qa:solo", "qa:next"}, renewed
+
+        page.keyboard.press("1")
+        page.keyboard.press("Enter")
+        page.wait_for_selector("#item[data-item='qa:next']")
+        status, body = http_get(f"{base}/api/reviews/qa:solo")
+        verdict = json.loads(body)["verdict"]
+        assert status == 200 and verdict["accepted_ranks"] == [1] and verdict["reviewer"] == "Ada"

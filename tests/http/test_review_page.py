@@ -1,5 +1,6 @@
-"""The review page's API over a real server and SQLite store: leases, the undo window
-(held verdicts), progress, and held verdicts surviving a restart (a property)."""
+"""The review page's API over a real server and SQLite store: leases and their renewal,
+the undo window (held verdicts, undone only by their session), progress, and held
+verdicts surviving a restart (a property)."""
 
 from __future__ import annotations
 
@@ -41,6 +42,11 @@ class PageApi:
     async def hold(self, item_id: str, session: str, body: object) -> tuple[int, object]:
         url = f"{self.base}/api/review-page/verdicts/{item_id}?session={session}"
         async with self.http.post(url, json=body, headers=AUTH) as r:
+            return r.status, await r.json()
+
+    async def renew(self, item_id: str, session: str) -> tuple[int, object]:
+        url = f"{self.base}/api/review-page/lease/{item_id}?session={session}"
+        async with self.http.post(url, headers=AUTH) as r:
             return r.status, await r.json()
 
     async def undo(self, item_id: str, session: str) -> tuple[int, object]:
@@ -98,6 +104,36 @@ async def test_two_sessions_never_get_the_same_item_until_the_lease_expires(
     assert await papi.next("tab3") == "a"
 
 
+async def test_a_renewed_lease_keeps_the_item_from_other_sessions(papi: PageApi) -> None:
+    for name in ("a", "b"):
+        await papi.store.submit(item(name))
+    assert await papi.next("tab1") == "a"
+    for _ in range(3):  # 120 s in all, twice the lease, renewed every 40 s
+        papi.clock.advance(40)
+        assert await papi.renew("a", "tab1") == (200, {"renewed": True, "lease_s": 60})
+    assert await papi.next("tab2") == "b"  # not "a"
+    assert await papi.next("tab3") is None
+    papi.clock.advance(61)  # no renewal: the leases expire
+    assert await papi.next("tab3") == "a"
+
+
+async def test_only_a_live_lease_of_ones_own_is_renewed(papi: PageApi) -> None:
+    await papi.store.submit(item("a"))
+    assert await papi.next("tab1") == "a"
+    refused = {"error": "this session holds no lease on the item (expired or taken)"}
+    assert await papi.renew("a", "tab2") == (409, refused)  # someone else's
+    assert await papi.renew("nope", "tab1") == (409, refused)  # no such item
+    assert await papi.renew("a", "tab1") == (200, {"renewed": True, "lease_s": 60})
+    papi.clock.advance(60)
+    assert await papi.renew("a", "tab1") == (409, refused)  # expired
+    assert await papi.next("tab2") == "a"  # and free for another session
+    assert await papi.renew("a", "tab1") == (409, refused)  # now tab2's
+    status, body = await papi.renew("a", "")
+    assert status == 400 and "session" in body["error"]  # type: ignore[index]
+    async with papi.http.post(f"{papi.base}/api/review-page/lease/a?session=tab2") as r:
+        assert r.status == 401  # the token is needed
+
+
 async def test_an_item_reviewed_twice_keeps_the_first_verdict(papi: PageApi) -> None:
     await papi.store.submit(item("a"))
     papi.clock.advance(61)
@@ -143,6 +179,20 @@ async def test_undo_within_the_window_and_not_after(papi: PageApi) -> None:
     )
     assert (await papi.store.get_verdict("a")) == Verdict("a", none_of_these=True, reviewer="ann")
     assert [v.item_id for v in papi.handler.calls] == ["a"]
+
+
+async def test_only_the_session_that_gave_a_verdict_can_undo_it(papi: PageApi) -> None:
+    await papi.store.submit(item("a"))
+    assert await papi.next("tab1") == "a"
+    assert (await papi.hold("a", "tab1", {"accepted_ranks": [2], "reviewer": "ann"}))[0] == 202
+    assert await papi.undo("a", "tab2") == (
+        403,
+        {"error": "this verdict was given in another session; it stands"},
+    )
+    assert await papi.next("tab2") is None  # still held: not handed out again
+    papi.clock.advance(10)
+    assert await papi.page.flush() == 1
+    assert await papi.store.get_verdict("a") == Verdict("a", (2,), reviewer="ann")
 
 
 async def test_bad_page_requests_are_clear_errors(papi: PageApi) -> None:
@@ -225,6 +275,7 @@ _ops = st.lists(
         st.tuples(st.just("hold"), st.integers(0, 3), st.integers(1, 3)),
         st.tuples(st.just("direct"), st.integers(0, 3), st.integers(1, 3)),
         st.tuples(st.just("undo"), st.integers(0, 3), st.just(0)),
+        st.tuples(st.just("undo_other"), st.integers(0, 3), st.just(0)),
         st.tuples(st.just("advance"), st.integers(0, 15), st.just(0)),
         st.tuples(st.just("flush"), st.just(0), st.just(0)),
         st.tuples(st.just("restart"), st.just(0), st.just(0)),
@@ -252,7 +303,7 @@ async def _run_against_model(path: Path, ops: list[tuple[str, int, int]]) -> Non
         for op, i, rank in ops:
             name = names[i % len(names)]
             if op == "hold":
-                status = await store.hold_verdict(Verdict(name, (rank,)), undo_s)
+                status = await store.hold_verdict(Verdict(name, (rank,)), undo_s, holder="s")
                 expected = "duplicate" if name in applied or name in held else "held"
                 assert status == expected
                 if expected == "held":
@@ -261,8 +312,10 @@ async def _run_against_model(path: Path, ops: list[tuple[str, int, int]]) -> Non
                 await handler(Verdict(name, (rank,)))
                 applied.setdefault(name, rank)
             elif op == "undo":
-                assert await store.undo_held(name) == (name in held)
+                assert await store.undo_held(name, "s") == ("undone" if name in held else "none")
                 held.pop(name, None)
+            elif op == "undo_other":  # another session: refused, the verdict stands
+                assert await store.undo_held(name, "t") == ("other" if name in held else "none")
             elif op == "advance":
                 clock.advance(i)
             elif op == "flush":

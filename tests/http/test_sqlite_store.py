@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import math
 import os
 import signal
@@ -204,6 +205,27 @@ async def test_a_schema_2_file_gets_aci_miss_null_and_keeps_its_order(tmp_path: 
             ("d", 0),
         ]
     conn.close()
+
+
+async def test_a_verdict_held_before_the_holder_column_is_applied_not_undone(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "held.db"
+    with sqlite3.connect(path) as conn:
+        conn.executescript(
+            "CREATE TABLE held_verdicts (item_id TEXT PRIMARY KEY, verdict TEXT NOT NULL, "
+            "held_at REAL NOT NULL, due REAL NOT NULL, claimed INTEGER NOT NULL DEFAULT 0);"
+        )
+        verdict = json.dumps(Verdict("a", (1,)).to_json())
+        conn.execute("INSERT INTO held_verdicts VALUES ('a', ?, 0, 0, 0)", (verdict,))
+    conn.close()
+    store = SqliteStore(path)
+    try:
+        await store.submit(item("a"))
+        assert await store.undo_held("a", "page:s") == "other"  # nobody may undo it
+        assert await store.claim_due() == [Verdict("a", (1,))]
+    finally:
+        await store.aclose()
 
 
 async def test_a_schema_1_file_gets_both_seq_and_aci_miss(tmp_path: Path) -> None:

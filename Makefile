@@ -91,7 +91,8 @@ bench: $(TEST_STAMP)
 # Kafka scale-out (not part of make bench, about 10 minutes): events/s through 1 and 2
 # relmon run replicas on one topic, replay time of 10k and 100k verdicts vs a bare read.
 bench-kafka: $(TEST_STAMP)
-	$(BIN)/python bench/kafka_scale_bench.py
+	$(BIN)/python bench/kafka_scale_bench.py --json bench/results/kafka_scale.json
+	$(BIN)/python bench/report.py
 
 soak: $(TEST_STAMP)
 	$(BIN)/python bench/soak.py --seconds $(SOAK_SECONDS) --json bench/results/soak.json

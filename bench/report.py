@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import benchlib
 
-SECTIONS = ("run", "mirror", "proxy", "stopping", "calibration", "soak", "core")
+SECTIONS = ("run", "mirror", "proxy", "stopping", "calibration", "soak", "core", "kafka_scale")
 
 
 def _load(results: Path) -> dict[str, dict[str, Any]]:
@@ -434,6 +434,70 @@ def core(doc: dict[str, Any]) -> list[str]:
     return [*out, "", "Reproduce: `.venv/bin/python bench/core_bench.py`", ""]
 
 
+def kafka_scale(doc: dict[str, Any] | None) -> list[str]:
+    out = ["## 7. Kafka scale-out and replay", ""]
+    if doc is None:
+        return [
+            *out,
+            "No results yet: `make bench-kafka` (about 10 minutes, not part of `make bench`) "
+            "writes this section.",
+            "",
+        ]
+    m = doc["machine"]
+    out += [
+        f"`make bench-kafka` ran on {m['date']}, code at {m.get('commit', 'unknown')} (load "
+        f"average {m['loadavg'][0]:g} at the start), on {doc['cpu_count']} cores shared by the "
+        "Tansu broker (in memory), a simulated model, the load and every relmon replica"
+        + (" (a `--quick` smoke run: its figures say nothing)." if doc.get("quick") else "."),
+        "",
+    ]
+    r = doc.get("replicas")
+    if r is not None:
+        med = r["median_events_per_s"]
+        out += [
+            f"**Replicas.** {r['events']:,} events of about {r['event_bytes']} bytes in "
+            f"{r['partitions']} partitions, drained by 1 and then 2 `relmon run` processes in "
+            "one fresh consumer group (1% hash-sampled, the sampled events re-asked of the "
+            f"model); medians over {r['repeats']} alternating repeats. A second replica on the "
+            "same two cores cannot double anything: the ratio shows what the group split "
+            "costs or gains.",
+            "",
+        ]
+        out += _table(
+            ["replicas", "events/s", "vs 1 replica"],
+            [
+                ["1", f"{med['1']:,.0f}", "×1.00"],
+                ["2", f"{med['2']:,.0f}", _x(r["ratio_2_to_1"])],
+            ],
+        )
+        out.append("")
+    replay = doc.get("replay")
+    if replay:
+        out += [
+            "**Replay at restart.** N review items and N verdicts on their topics; the time a "
+            "restarted replica needs to rebuild its calibration from them "
+            "(`KafkaCalibrationStore.load_records`: read both topics to the end, parse, score) "
+            "against a bare `AIOKafkaConsumer` loop reading the same two topics with "
+            "`json.loads` per record, alternating, medians.",
+            "",
+        ]
+        out += _table(
+            ["verdicts", "bare read s", "relmon replay s", "ratio", "relmon verdicts/s"],
+            [
+                [
+                    f"{x['verdicts']:,}",
+                    f"{x['bare_s']:.2f}",
+                    f"{x['relmon_s']:.2f}",
+                    _x(x["ratio"]),
+                    f"{x['verdicts'] / x['relmon_s']:,.0f}",
+                ]
+                for x in replay
+            ],
+        )
+        out.append("")
+    return [*out, "Reproduce: `make bench-kafka`", ""]
+
+
 def render(docs: dict[str, dict[str, Any]]) -> str:
     lines = [
         "# Benchmark results",
@@ -465,6 +529,7 @@ def render(docs: dict[str, dict[str, Any]]) -> str:
     lines += soak(docs.get("soak"))
     if "core" in docs:
         lines += core(docs["core"])
+    lines += kafka_scale(docs.get("kafka_scale"))
     return "\n".join(lines).rstrip() + "\n"
 
 

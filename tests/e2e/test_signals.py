@@ -50,6 +50,7 @@ async def test_sigterm_drains_in_flight_items_and_state_survives(tmp_path: Path)
         log.close()
     text = (tmp_path / "log").read_text()
     assert '"drained": true' in text
+    assert '"interrupted": 0' in text  # the last line counts items stopped unfinished
     # Every admitted item was handled before exit: all 20 review items are in the store.
     from adapters.sqlite_store import SqliteStore
 

@@ -453,6 +453,12 @@ async def test_three_replicas_one_calibration_through_a_kill_9(
             "duplicate": value(m, "relmon_reviews_total", verdict="duplicate", **dict(LABELS)),
             "unknown": value(m, "relmon_reviews_total", model="", task="", verdict="unknown"),
             "queue_depth": value(m, "relmon_review_queue_depth", **dict(LABELS)),
+            # This process's traffic decisions (b's count restarts with its process).
+            "traffic": {
+                dict(k[1])["decision"]: v
+                for k, v in m.items()
+                if k[0] == "relmon_traffic_events_total" and v
+            },
         }
     print(json.dumps(report, indent=1, default=str))
     for name in final:
@@ -466,6 +472,9 @@ async def test_three_replicas_one_calibration_through_a_kill_9(
     # a and c lived through it all: each applied every verdict once, and saw each
     # duplicate as a duplicate (b's window was rebuilt by its replay instead).
     for r in (a, c):
+        # Traffic was split: the survivors took partitions too (b's share before the
+        # kill was checked above).
+        assert sum(report[r.name]["traffic"].values()) > 0, r.name
         assert report[r.name]["applied_live"] == n, r.name
         assert report[r.name]["duplicate"] == len(duplicates_sent), r.name
 

@@ -1,11 +1,17 @@
-"""The reliability alarm: false alarms and detection delay, against two naive rules.
+"""The reliability alarm: false alarms and detection delay, against three naive rules.
 
-Streams of reviewed items X_t = 1{top answer accepted} ~ Bernoulli(p_t). Three rules
+Streams of reviewed items X_t = 1{top answer accepted} ~ Bernoulli(p_t). Four rules
 look at the stream after every reviewed item (as a dashboard scraped that often would):
 
-* ``e-detector``: :class:`monitor.alarm.EDetector` (alarm at 1/alpha_alarm);
+* ``e-detector``: :class:`monitor.alarm.EDetector` (alarm at 1/alpha_alarm), vectorised
+  as :class:`StreamEDetector` (a test checks they agree);
 * ``lower bound``: the naive rule "the one-sided Clopper-Pearson lower bound (1 - delta)
-  of the reliability over the last ``window`` reviewed items is below the target";
+  of the reliability over the last ``window`` reviewed items is below the target",
+  checked from the first reviewed item;
+* ``lower bound, full window``: the same rule checked only once ``window`` items have
+  been reviewed (the bound of a handful of items is below any useful target). It still
+  fires on streams above the target: it asks for proof that reliability >= target, and
+  its mirror image, "the upper bound is below the target", is the fixed-window test;
 * ``fixed window``: a one-sided exact binomial test of "reliability >= target" at level
   delta on the last ``window`` reviewed items, repeated at every item.
 
@@ -13,8 +19,9 @@ Run length to a false alarm is measured on streams at and above the target up to
 ``horizon`` items (streams without an alarm are censored at the horizon, so the mean
 reported is a lower bound on the true mean). Detection delay: ``pre`` items at the
 target, then a drop of d points; the delay counts items after the change until the
-alarm (streams that alarmed before the change are counted separately). Seconds are
-delays divided by the reviewed-item rate (the demo reviews 2.5 items a second: 10
+alarm (streams that alarmed before the change are counted separately; ``detected`` is
+the share of the others that alarmed by the horizon, NaN when there are none). Seconds
+are delays divided by the reviewed-item rate (the demo reviews 2.5 items a second: 10
 events/s, half sampled, half of those reviewed). Vectorised over streams; pure.
 """
 
@@ -29,28 +36,48 @@ from scipy import stats
 from monitor.alarm import DEFAULT_BETS, bet_grid
 from monitor.simulate.tables import fmt, format_table
 
-__all__ = ["AlarmResult", "DelayStats", "RuleStats", "first_alarms", "run_alarm"]
+__all__ = [
+    "AlarmResult",
+    "DelayStats",
+    "RuleStats",
+    "StreamEDetector",
+    "first_alarms",
+    "run_alarm",
+]
 
 DEMO_REVIEWS_PER_S = 2.5
-RULES = ("e-detector", "lower bound", "fixed window")
+RULES = ("e-detector", "lower bound", "fixed window", "lower bound, full window")
 
 
-def _edetector(tau: float, alpha: float) -> Callable[[np.ndarray], np.ndarray]:
-    """A stepper over (streams,) outcomes returning the alarm flags (uniform review)."""
-    bets = np.asarray(bet_grid(tau, DEFAULT_BETS))
-    state: dict[str, np.ndarray] = {}
+class StreamEDetector:
+    """:class:`monitor.alarm.EDetector` (uniform review) for many streams at once.
 
-    def step(x: np.ndarray) -> np.ndarray:
-        m = state.get("m")
+    Call it with one outcome per stream, shape (streams,); it returns the alarm flags.
+    :attr:`value` is each stream's statistic (capped at 1e200: only the first crossing
+    of the threshold matters here).
+    """
+
+    def __init__(self, tau: float, alpha: float) -> None:
+        self.tau = tau
+        self.threshold = 1.0 / alpha
+        self.bets = np.asarray(bet_grid(tau, DEFAULT_BETS))
+        self.m: np.ndarray | None = None
+
+    @property
+    def value(self) -> np.ndarray:
+        if self.m is None:
+            raise ValueError("no outcome yet")
+        v: np.ndarray = self.m.mean(axis=1)
+        return v
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        m = self.m
         if m is None or m.shape[0] != x.shape[0]:
-            m = np.ones((x.shape[0], bets.size))
-        # Capped far above any threshold: only the first crossing matters here.
-        m = np.minimum(np.maximum(m, 1.0) * (1.0 + bets[None, :] * (tau - x[:, None])), 1e200)
-        state["m"] = m
-        flags: np.ndarray = m.mean(axis=1) >= 1.0 / alpha
+            m = np.ones((x.shape[0], self.bets.size))
+        factor = 1.0 + self.bets[None, :] * (self.tau - x[:, None])
+        self.m = np.minimum(np.maximum(m, 1.0) * factor, 1e200)
+        flags: np.ndarray = self.value >= self.threshold
         return flags
-
-    return step
 
 
 def _windowed(
@@ -58,7 +85,8 @@ def _windowed(
 ) -> Callable[[np.ndarray], np.ndarray]:
     # The fewest accepted among n items that does NOT fire, tabulated for n = 1..window.
     ns = np.arange(1, window + 1)
-    if kind == "lower bound":
+    min_n = window if kind == "lower bound, full window" else 1
+    if kind.startswith("lower bound"):
         # CP lower bound at 1 - delta with s successes in n: beta.ppf(delta, s, n - s + 1).
         need = np.empty(window, dtype=int)
         for n in ns:
@@ -79,7 +107,7 @@ def _windowed(
             hist.pop(0)
         n = len(hist)
         s = np.sum(hist, axis=0)
-        flags: np.ndarray = s < need[n - 1]
+        flags: np.ndarray = (s < need[n - 1]) & (n >= min_n)
         return flags
 
     return step
@@ -89,12 +117,15 @@ def _make(
     rule: str, tau: float, alpha: float, window: int, delta: float
 ) -> Callable[[np.ndarray], np.ndarray]:
     if rule == "e-detector":
-        return _edetector(tau, alpha)
+        return StreamEDetector(tau, alpha)
+    if rule not in RULES:
+        raise ValueError(f"unknown rule {rule!r}; available: {', '.join(RULES)}")
     return _windowed(tau, window, delta, rule)
 
 
 def _num(x: float) -> float | None:
-    """JSON-safe: ``None`` for a median beyond the horizon or a delay never observed."""
+    """JSON-safe: ``None`` for a median beyond the horizon, or a delay or detection
+    share never observed."""
     return float(x) if np.isfinite(x) else None
 
 
@@ -157,7 +188,7 @@ class AlarmResult:
                     "rule": d.rule,
                     "drop": d.drop,
                     "alarmed_before_change": d.early,
-                    "detected": d.detected,
+                    "detected": _num(d.detected),
                     "mean_delay_items": _num(d.mean_delay),
                     "median_delay_items": _num(d.median_delay),
                     "mean_delay_s": _num(d.mean_delay / self.reviews_per_s),
@@ -299,7 +330,8 @@ def run_alarm(
                     rule,
                     d,
                     float(early.mean()),
-                    float(late.sum() / max(1, (~early).sum())),
+                    # NaN (printed "-") when every stream alarmed before the change
+                    float(late.sum() / (~early).sum()) if (~early).any() else float("nan"),
                     float(delay.mean()) if delay.size else float("nan"),
                     float(np.median(delay)) if delay.size else float("nan"),
                 )

@@ -23,13 +23,23 @@ Reported, against the truth (the traffic's own share of items with score 1):
 * ``coverage``: share of fresh traffic items whose score is within the weighted
   threshold M*(alpha): the conformal guarantee, which must stay >= 1 - alpha.
 
-Repetition ``r`` uses ``default_rng([seed, mix, budget, r])`` for both designs; pure.
+Reviews needed (``PriorityMatch``, one per mix): at the middle budget B of the run, the
+number of reviews the prioritised design needs to match the uniform design's mean bound
+width at B, and to match its RMSE. Found on the same traffic and the same review draws
+as the uniform design at B (common random numbers: as the budget grows every pi_i
+grows, so the reviewed sets are nested), by bisection over budgets in steps of
+``MATCH_STEP``: the reported budget b reaches the target and b - MATCH_STEP does not.
+``None`` when even reviewing every item would not (never seen).
+
+Repetition ``r`` uses ``default_rng([seed, mix, budget, r])`` for both designs, where
+``mix`` is the mix's index in :data:`MIXES` (so a mix gives the same numbers whichever
+other mixes are run); pure.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,7 +51,18 @@ from monitor.conformal import (
 )
 from monitor.simulate.tables import fmt, format_table
 
-__all__ = ["MIXES", "PriorityResult", "PriorityRow", "run_priority", "synthetic_items"]
+__all__ = [
+    "MATCH_STEP",
+    "MIXES",
+    "PriorityMatch",
+    "PriorityResult",
+    "PriorityRow",
+    "Traffic",
+    "prioritised_at",
+    "reference_traffic",
+    "run_priority",
+    "synthetic_items",
+]
 
 MIXES: dict[str, tuple[tuple[float, float], ...]] = {
     # (share of traffic, accuracy) pairs
@@ -91,6 +112,89 @@ def _prioritised(margins: np.ndarray, budget: float, floor: float) -> np.ndarray
     return pi
 
 
+MATCH_STEP = 5
+"""Budget resolution (reviews) of the reviews-needed search."""
+
+
+@dataclass(frozen=True, slots=True)
+class Traffic:
+    """One repetition's traffic: scores, margins, fresh scores, truth and review draws."""
+
+    scores: np.ndarray
+    margins: np.ndarray
+    fresh: np.ndarray
+    truth: float
+    draw: np.ndarray
+
+
+def reference_traffic(mix: str, budget: int, r: int, *, n: int, seed: int) -> Traffic:
+    """Repetition ``r`` of ``mix`` at ``budget``: the draws both designs see."""
+    rng = np.random.default_rng([seed, list(MIXES).index(mix), budget, r])
+    scores, margins = synthetic_items(rng, n, MIXES[mix])
+    fresh, _ = synthetic_items(rng, 500, MIXES[mix])
+    return Traffic(scores, margins, fresh, float(np.mean(scores <= 1)), rng.random(n))
+
+
+def _estimate(
+    t: Traffic, pi: np.ndarray, delta: float
+) -> tuple[float, float, bool, np.ndarray, np.ndarray] | None:
+    """(estimate - truth, estimate - bound, bound <= truth, reviewed scores, weights)."""
+    picked = t.draw < pi
+    s, w = t.scores[picked], 1.0 / pi[picked]
+    if s.size == 0:
+        return None
+    estimate = float(w[s <= 1].sum() / w.sum())
+    n_eff = effective_sample_size(w)
+    bound = reliability_lower_bound(estimate * n_eff, n_eff, delta)
+    return estimate - t.truth, estimate - bound, bound <= t.truth, s, w
+
+
+def prioritised_at(
+    traffic: Sequence[Traffic], budget: float, *, floor_share: float, delta: float
+) -> tuple[float, float]:
+    """(RMSE, mean bound width) of the prioritised design at ``budget`` on ``traffic``.
+
+    A repetition in which nothing is reviewed counts as width 1 and error 1.
+    """
+    errors, widths = [], []
+    for t in traffic:
+        n = t.scores.size
+        pi = _prioritised(t.margins, budget, floor_share * budget / n)
+        got = _estimate(t, pi, delta)
+        errors.append(1.0 if got is None else got[0])
+        widths.append(1.0 if got is None else got[1])
+    return float(np.sqrt(np.mean(np.square(errors)))), float(np.mean(widths))
+
+
+def _reviews_needed(value: Callable[[int], float], target: float, n: int) -> int | None:
+    """A budget b on the MATCH_STEP grid with value(b) <= target < value(b - MATCH_STEP),
+    by bisection (the smallest such b when ``value`` falls as the budget grows); ``None``
+    when even reviewing all ``n`` items does not reach the target."""
+    hi = (n // MATCH_STEP) * MATCH_STEP
+    if value(hi) > target:
+        return None
+    lo = 0  # no review at all: nothing is known (value > target)
+    while hi - lo > MATCH_STEP:
+        mid = lo + ((hi - lo) // (2 * MATCH_STEP)) * MATCH_STEP
+        if value(mid) <= target:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+@dataclass(frozen=True, slots=True)
+class PriorityMatch:
+    """Reviews the prioritised design needs to match the uniform design at ``budget``."""
+
+    mix: str
+    budget: int
+    uniform_width: float
+    reviews_for_width: int | None
+    uniform_rmse: float
+    reviews_for_rmse: int | None
+
+
 @dataclass(frozen=True, slots=True)
 class PriorityRow:
     mix: str
@@ -101,6 +205,8 @@ class PriorityRow:
     bound_ok: float
     coverage: float
     reviews: float
+    coverage_se: float = 0.0
+    """Standard error of ``coverage``: the spread of the per-repetition coverage."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,9 +217,13 @@ class PriorityResult:
     reps: int
     floor_share: float
     rows: tuple[PriorityRow, ...]
+    matches: tuple[PriorityMatch, ...] = ()
 
     def row(self, mix: str, budget: int, design: str) -> PriorityRow:
         return next(r for r in self.rows if (r.mix, r.budget, r.design) == (mix, budget, design))
+
+    def match(self, mix: str) -> PriorityMatch:
+        return next(m for m in self.matches if m.mix == mix)
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -132,9 +242,22 @@ class PriorityResult:
                     "width": r.width,
                     "bound_ok": r.bound_ok,
                     "coverage": r.coverage,
+                    "coverage_se": r.coverage_se,
                     "reviews": r.reviews,
                 }
                 for r in self.rows
+            ],
+            "reviews_needed": [
+                {
+                    "mix": m.mix,
+                    "uniform_reviews": m.budget,
+                    "uniform_width": m.uniform_width,
+                    "prioritised_reviews_for_width": m.reviews_for_width,
+                    "uniform_rmse": m.uniform_rmse,
+                    "prioritised_reviews_for_rmse": m.reviews_for_rmse,
+                    "step": MATCH_STEP,
+                }
+                for m in self.matches
             ],
         }
 
@@ -157,7 +280,37 @@ class PriorityResult:
             f"(coverage must be >= {1 - self.alpha:g}), bound at 1 - {self.delta:g}, "
             f"pi_min = {self.floor_share:g} x the uniform rate, {self.reps} repetitions"
         )
-        return format_table(head, rows, title)
+        table = format_table(head, rows, title)
+        if not self.matches:
+            return table
+
+        def needed(b: int | None, ref: int) -> str:
+            return "> all traffic" if b is None else f"{b} ({b / ref:.2f}x)"
+
+        head2 = [
+            "mix",
+            "uniform reviews",
+            "bound width",
+            "prioritised reviews, same width",
+            "rmse",
+            "prioritised reviews, same rmse",
+        ]
+        rows2 = [
+            [
+                m.mix,
+                str(m.budget),
+                fmt(m.uniform_width, 4),
+                needed(m.reviews_for_width, m.budget),
+                fmt(m.uniform_rmse, 4),
+                needed(m.reviews_for_rmse, m.budget),
+            ]
+            for m in self.matches
+        ]
+        title2 = (
+            "reviews the prioritised design needs to match the uniform one "
+            f"(same traffic and draws, budgets in steps of {MATCH_STEP})"
+        )
+        return f"{table}\n\n{format_table(head2, rows2, title2)}"
 
 
 def run_priority(
@@ -170,40 +323,39 @@ def run_priority(
     floor_share: float = 0.2,
     reps: int = 100,
     seed: int = 0,
+    match: bool = True,
 ) -> PriorityResult:
+    """The table of the module docstring; with ``match``, the reviews needed at the
+    middle budget (the median of ``budgets``)."""
     rows = []
-    for mi, mix in enumerate(mixes):
+    matches = []
+    match_budget = sorted(budgets)[len(budgets) // 2]
+    for mix in mixes:
         for budget in budgets:
             stats: dict[str, list[tuple[float, float, bool, float, int]]] = {
                 "uniform": [],
                 "prioritised": [],
             }
+            kept: list[Traffic] = []
             for r in range(reps):
-                rng = np.random.default_rng([seed, mi, budget, r])
-                scores, margins = synthetic_items(rng, n, MIXES[mix])
-                fresh, _ = synthetic_items(rng, 500, MIXES[mix])
-                truth = float(np.mean(scores <= 1))
+                t = reference_traffic(mix, budget, r, n=n, seed=seed)
                 uniform_rate = budget / n
                 designs = {
                     "uniform": np.full(n, uniform_rate),
-                    "prioritised": _prioritised(margins, budget, floor_share * uniform_rate),
+                    "prioritised": _prioritised(t.margins, budget, floor_share * uniform_rate),
                 }
-                draw = rng.random(n)
                 for name, pi in designs.items():
-                    picked = draw < pi
-                    s, w = scores[picked], 1.0 / pi[picked]
-                    if s.size == 0:
+                    got = _estimate(t, pi, delta)
+                    if got is None:
                         continue
-                    estimate = float(w[s <= 1].sum() / w.sum())
-                    n_eff = effective_sample_size(w)
-                    bound = reliability_lower_bound(estimate * n_eff, n_eff, delta)
+                    error, width, ok, s, w = got
                     threshold = weighted_threshold(s, w, alpha, test_weight=1.0 / pi.min())
-                    covered = float(np.mean(fresh <= threshold))
-                    stats[name].append(
-                        (estimate - truth, estimate - bound, bound <= truth, covered, s.size)
-                    )
+                    covered = float(np.mean(t.fresh <= threshold))
+                    stats[name].append((error, width, ok, covered, s.size))
+                if match and budget == match_budget:
+                    kept.append(t)
             for name, values in stats.items():
-                arr = np.array([(e, wd, ok, c, m) for e, wd, ok, c, m in values], dtype=float)
+                arr = np.array(values, dtype=float)
                 rows.append(
                     PriorityRow(
                         mix,
@@ -214,6 +366,48 @@ def run_priority(
                         float(arr[:, 2].mean()),
                         float(arr[:, 3].mean()),
                         float(arr[:, 4].mean()),
+                        float(arr[:, 3].std(ddof=1) / np.sqrt(len(arr))) if len(arr) > 1 else 0.0,
                     )
                 )
-    return PriorityResult(n, alpha, delta, reps, floor_share, tuple(rows))
+            if kept:
+                matches.append(
+                    _match(
+                        mix,
+                        budget,
+                        traffic=kept,
+                        uniform=stats["uniform"],
+                        floor_share=floor_share,
+                        delta=delta,
+                    )
+                )
+    return PriorityResult(n, alpha, delta, reps, floor_share, tuple(rows), tuple(matches))
+
+
+def _match(
+    mix: str,
+    budget: int,
+    *,
+    traffic: Sequence[Traffic],
+    uniform: Sequence[tuple[float, float, bool, float, int]],
+    floor_share: float,
+    delta: float,
+) -> PriorityMatch:
+    """Reviews the prioritised design needs for the uniform design's width and RMSE."""
+    arr = np.array(uniform, dtype=float)
+    rmse, width = float(np.sqrt(np.mean(arr[:, 0] ** 2))), float(arr[:, 1].mean())
+    cache: dict[int, tuple[float, float]] = {}
+
+    def at(b: int) -> tuple[float, float]:
+        if b not in cache:
+            cache[b] = prioritised_at(traffic, b, floor_share=floor_share, delta=delta)
+        return cache[b]
+
+    n = traffic[0].scores.size
+    return PriorityMatch(
+        mix,
+        budget,
+        width,
+        _reviews_needed(lambda b: at(b)[1], width, n),
+        rmse,
+        _reviews_needed(lambda b: at(b)[0], rmse, n),
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -10,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from monitor.alarm import DEFAULT_BETS, EDetector, bet_grid
-from monitor.simulate.alarm import first_alarms, run_alarm
+from monitor.simulate.alarm import StreamEDetector, first_alarms, run_alarm
 
 TAU = 0.9
 
@@ -28,6 +29,48 @@ def test_statistic_matches_a_hand_computation() -> None:
         det.update(x)
     assert det.value == pytest.approx(sum(expected) / len(expected), rel=1e-12)
     assert det.n == 4 and not det.alarm
+
+
+def test_vectorised_detector_matches_the_service_detector() -> None:
+    """`relmon simulate alarm`'s vectorised e-detector and the service's EDetector, fed the
+    same random streams (below, at and above the target): the same statistic at every
+    step and the same first alarm."""
+    alpha, horizon = 0.01, 400
+    probs = np.repeat([0.7, 0.8, 0.85, 0.9, 0.95], 8)
+    streams = probs.size
+    x = (np.random.default_rng(21).random((horizon, streams)) < probs).astype(float)
+    vector = StreamEDetector(TAU, alpha)
+    scalar = [EDetector(tau=TAU, alpha=alpha) for _ in range(streams)]
+    first_v = np.full(streams, horizon + 1)
+    first_s = np.full(streams, horizon + 1)
+    for t in range(horizon):
+        flags = vector(x[t])
+        values = vector.value
+        assert values.max() < 1e150  # far below the simulation's cap
+        for i, det in enumerate(scalar):
+            det.update(bool(x[t, i]))
+            assert values[i] == pytest.approx(det.value, rel=1e-9, abs=0)
+            if det.alarm and first_s[i] > horizon:
+                first_s[i] = t + 1
+        first_v[flags & (first_v > horizon)] = t + 1
+    assert (first_v == first_s).all()
+    assert (first_s <= horizon).sum() >= 8  # the drops are caught: alarm times compared
+    assert (first_s > horizon).sum() >= 8  # and streams at or above the target are quiet
+    # first_alarms (what the simulation reports) draws the same streams from its rng
+    probs_t = np.broadcast_to(probs, (horizon, streams))
+    rng = np.random.default_rng(22)
+    draws = np.random.default_rng(22).random((horizon, streams)) < probs
+    expected = np.full(streams, horizon + 1)
+    for i in range(streams):
+        det = EDetector(tau=TAU, alpha=alpha)
+        for t in range(horizon):
+            if det.update(bool(draws[t, i])) >= det.threshold:
+                expected[i] = t + 1
+                break
+    got = first_alarms(
+        "e-detector", probs_t, streams, tau=TAU, alpha=alpha, window=100, delta=0.05, rng=rng
+    )
+    assert (got == expected).all()
 
 
 def test_bets_stay_in_the_allowed_range() -> None:
@@ -118,3 +161,16 @@ def test_detects_a_twenty_point_drop_quickly_and_rarely_fires_before() -> None:
     e_false = next(r for r in result.false_alarms if r.rule == "e-detector")
     # at 5 points above the target the naive rule pages on noise, the e-detector does not
     assert naive.alarmed >= 0.9 and e_false.alarmed <= 0.1
+
+
+def test_lower_bound_rule_on_a_full_window_still_fires_above_the_target() -> None:
+    """Checked only once the window is full, the naive rule waits for 100 items, then
+    fires anyway: at n = 100 its 95% bound is below 0.9 unless >= 96 were accepted."""
+    kwargs: dict[str, Any] = {"tau": TAU, "alpha": 0.01, "window": 100, "delta": 0.05}
+    probs = np.full(300, 0.95)
+    early = first_alarms("lower bound", probs, 200, rng=np.random.default_rng(3), **kwargs)
+    full = first_alarms(
+        "lower bound, full window", probs, 200, rng=np.random.default_rng(3), **kwargs
+    )
+    assert (early == 1).all()  # one item: the bound is 0.05
+    assert full.min() == 100 and (full <= 300).mean() >= 0.9

@@ -141,6 +141,11 @@ def test_cli_real_and_alarm(capsys: pytest.CaptureFixture[str]) -> None:
     assert rows[("runner-up", True)]["savings"] > 0.3
     assert main(["simulate", "alarm", "--streams", "20", "--horizon", "300", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert {r["rule"] for r in doc["false_alarms"]} == {"e-detector", "lower bound", "fixed window"}
+    assert {r["rule"] for r in doc["false_alarms"]} == {
+        "e-detector",
+        "lower bound",
+        "fixed window",
+        "lower bound, full window",
+    }
     assert main(["simulate", "stopping", "--real", "/nonexistent.json"]) == 2
     assert "cannot read answer file" in capsys.readouterr().err

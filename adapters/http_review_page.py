@@ -17,7 +17,8 @@ by :class:`adapters.http_review.ReviewServer`; the page and its two static files
            {"renewed": true, "lease_s"}; 409 if S holds no live lease on the item
     POST   /api/review-page/release/{id}?session=S         give a leased item back (skip)
     GET    /api/review-page/progress                       per task: reviewed today (UTC),
-           waiting, calibration items, effective items, minimum needed
+           waiting, held (given, still in the undo window), calibration items,
+           effective items, minimum needed
 
 A lease lasts ``lease_s`` seconds; the page renews the leases of the item it shows
 and the one it prefetched every ``lease_s / 3`` seconds, so an item stays with a
@@ -113,7 +114,7 @@ class ReviewPageStore(Protocol):
 
     async def drop_held(self, item_id: str) -> None: ...
 
-    async def review_counts(self, since: float) -> dict[tuple[str, str], tuple[int, int]]: ...
+    async def review_counts(self, since: float) -> dict[tuple[str, str], tuple[int, int, int]]: ...
 
 
 def _session(request: web.Request) -> str:
@@ -304,9 +305,9 @@ class ReviewPage:
         tasks = []
         known = list(self._progress()) if self._progress is not None else []
         for p in known:
-            today, waiting = counts.pop((p.model, p.task), (0, 0))
-            tasks.append({**asdict(p), "reviewed_today": today, "waiting": waiting})
-        for (model, task), (today, waiting) in sorted(counts.items()):
+            today, waiting, held = counts.pop((p.model, p.task), (0, 0, 0))
+            tasks.append({**asdict(p), "reviewed_today": today, "waiting": waiting, "held": held})
+        for (model, task), (today, waiting, held) in sorted(counts.items()):
             tasks.append(
                 {
                     "model": model,
@@ -317,6 +318,7 @@ class ReviewPage:
                     "threshold_finite": False,
                     "reviewed_today": today,
                     "waiting": waiting,
+                    "held": held,
                 }
             )
         return web.json_response({"tasks": tasks, "undo_s": self.undo_s, "lease_s": self.lease_s})

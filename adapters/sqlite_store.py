@@ -648,27 +648,38 @@ class SqliteStore:
         found = await self._run(get)
         return None if found is None else (_verdict_from_json(found[0]), found[1])
 
-    async def review_counts(self, since: float) -> dict[tuple[str, str], tuple[int, int]]:
+    async def review_counts(self, since: float) -> dict[tuple[str, str], tuple[int, int, int]]:
         """Per ``(model, task)``: verdicts applied since ``since`` (seconds since the
-        epoch) and items waiting (no verdict, none held)."""
+        epoch), items waiting (no verdict, none held), and verdicts held in the undo
+        window (given, not applied yet)."""
 
-        def get() -> dict[tuple[str, str], tuple[int, int]]:
+        def get() -> dict[tuple[str, str], tuple[int, int, int]]:
             conn = self._connection()
-            out: dict[tuple[str, str], tuple[int, int]] = {}
-            for m, t, n in conn.execute(
-                "SELECT model, task, count(*) FROM records WHERE applied_at >= ? "
-                "GROUP BY model, task",
-                (since,),
-            ):
-                out[(str(m), str(t))] = (int(n), 0)
-            for m, t, n in conn.execute(
-                "SELECT ri.model, ri.task, count(*) FROM review_items ri WHERE ri.pending = 1 "
-                "AND NOT EXISTS (SELECT 1 FROM held_verdicts h WHERE h.item_id = ri.item_id) "
-                "GROUP BY ri.model, ri.task"
-            ):
-                key = (str(m), str(t))
-                out[key] = (out.get(key, (0, 0))[0], int(n))
-            return out
+            out: dict[tuple[str, str], list[int]] = {}
+            queries = (
+                (
+                    "SELECT model, task, count(*) FROM records WHERE applied_at >= ? "
+                    "GROUP BY model, task",
+                    (since,),
+                ),
+                (
+                    "SELECT ri.model, ri.task, count(*) FROM review_items ri WHERE ri.pending = 1 "
+                    "AND NOT EXISTS (SELECT 1 FROM held_verdicts h WHERE h.item_id = ri.item_id) "
+                    "GROUP BY ri.model, ri.task",
+                    (),
+                ),
+                (  # held and not yet saved as a record (between the two it counts once)
+                    "SELECT ri.model, ri.task, count(*) FROM held_verdicts h "
+                    "JOIN review_items ri ON ri.item_id = h.item_id "
+                    "WHERE NOT EXISTS (SELECT 1 FROM records r WHERE r.item_id = h.item_id) "
+                    "GROUP BY ri.model, ri.task",
+                    (),
+                ),
+            )
+            for column, (sql, args) in enumerate(queries):
+                for m, t, n in conn.execute(sql, args):
+                    out.setdefault((str(m), str(t)), [0, 0, 0])[column] = int(n)
+            return {key: (a, w, h) for key, (a, w, h) in out.items()}
 
         return await self._run(get)
 

@@ -199,11 +199,19 @@
       else if (state.prefetched === ahead) state.prefetched = null;
     }
   }
+  // A tab left open without a key or click for IDLE_MS stops renewing: its items go
+  // back to the queue one lease later, instead of being kept from everyone for good.
+  const IDLE_MS = 15 * 60 * 1000;
+  let lastActivity = Date.now();
+  for (const kind of ["keydown", "pointerdown"]) {
+    document.addEventListener(kind, () => { lastActivity = Date.now(); }, {capture: true});
+  }
   let renewTimer = null;
   function scheduleRenewal() {
     clearTimeout(renewTimer);
     renewTimer = setTimeout(async () => {
-      try { if (token()) await renewLeases(); } catch (e) { if (e instanceof Unauthorized) say(e.message); }
+      const active = Date.now() - lastActivity < IDLE_MS;
+      try { if (token() && active) await renewLeases(); } catch (e) { if (e instanceof Unauthorized) say(e.message); }
       scheduleRenewal();
     }, state.leaseMs / 3);
   }
@@ -303,7 +311,7 @@
         const row = document.createElement("tr");
         row.dataset.task = t.task;
         cell(row, t.task + " (" + t.model + ")");
-        cell(row, String(t.reviewed_today));
+        cell(row, String(t.reviewed_today) + (t.held ? " (+" + t.held + " in the undo window)" : ""));
         cell(row, String(t.waiting));
         cell(row, t.calibration_items + " (effective " + t.effective_items.toFixed(1) + ")");
         cell(row, t.minimum_items + (t.threshold_finite ? " \u2014 enough" : " \u2014 more needed"));

@@ -241,6 +241,7 @@ async def test_progress_counts_today_waiting_and_calibration(papi: PageApi) -> N
             "threshold_finite": False,
             "reviewed_today": 1,
             "waiting": 1,
+            "held": 1,
         },
         {
             "model": "m1",
@@ -251,11 +252,17 @@ async def test_progress_counts_today_waiting_and_calibration(papi: PageApi) -> N
             "threshold_finite": False,
             "reviewed_today": 0,
             "waiting": 1,
+            "held": 0,
         },
     ]
     papi.clock.advance(86_400)  # tomorrow: nothing reviewed today yet
     async with papi.http.get(f"{papi.base}/api/review-page/progress", headers=AUTH) as r:
         assert (await r.json())["tasks"][0]["reviewed_today"] == 0
+    papi.clock.advance(10)  # b's undo window has passed: applied, no longer held
+    await papi.page.flush()
+    async with papi.http.get(f"{papi.base}/api/review-page/progress", headers=AUTH) as r:
+        qa = (await r.json())["tasks"][0]
+    assert (qa["reviewed_today"], qa["held"], qa["waiting"]) == (1, 0, 1)
 
 
 @pytest.mark.parametrize("alpha", [0.5, 0.2, 0.1, 0.05, 0.01, 0.3, 0.15, 0.07])

@@ -128,6 +128,7 @@ async def test_verdicts_before_during_and_after_a_restart(
     canon = get_canonicalizer("numeric")
     scores: dict[str, float] = {}
     verdicts: dict[str, bytes] = {}
+    figures: dict[str, Any] = {"items": N, "verdicts": "15 before, 10 down, 5 starting, 10 after"}
     producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
     await producer.start()
 
@@ -198,6 +199,7 @@ async def test_verdicts_before_during_and_after_a_restart(
                     metric(second, "relmon_reviews_total", verdict=v) for v in ("accepted", "none")
                 )
                 assert 10 <= live <= 25  # the rest came from the replay, none twice
+                figures |= {"second start": exported(second), "applied live": live}
                 # Nothing of the traffic was asked again (all committed by the first run).
                 assert second.service.stats.scored == 0
             finally:
@@ -210,6 +212,7 @@ async def test_verdicts_before_during_and_after_a_restart(
                 assert metric(third, "relmon_calibration_items") == N
                 assert exported(third) == pytest.approx(independent(list(scores.values())))
                 assert metric(third, "relmon_review_queue_depth") == 0
+                figures["third start"] = exported(third)
                 await asyncio.sleep(3.5)  # longer than verdict_wait_s
                 get = third.registry.get_sample_value
                 assert (
@@ -220,6 +223,8 @@ async def test_verdicts_before_during_and_after_a_restart(
         dead = await read_all(kafka_bootstrap, topics["verdict-dlq"], at_least=2)
         assert sorted(r.key for r in dead) == [b"ghost", b"junk"]
         assert {dict(r.headers)["relmon-stream"] for r in dead} == {b"verdicts"}
+        figures |= {"independent": independent(list(scores.values())), "dead letters": 2}
+        print(json.dumps(figures, default=str))  # the restart's figures (pytest -s)
     finally:
         await producer.stop()
         await model.stop()

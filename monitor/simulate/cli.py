@@ -179,6 +179,10 @@ def _stopping(args: argparse.Namespace) -> int:
         if args.grid or args.dist is not None:
             raise ConfigError("--real replays its own items; drop --grid and --dist")
         items = load_answer_file(Path(args.real))
+        if args.real_prefix is not None:
+            items = [i for i in items if i.item_id.startswith(args.real_prefix)]
+            if not items:
+                raise ConfigError(f"--real-prefix {args.real_prefix!r}: no item id starts so")
         trials = args.trials if args.trials is not None else 200
         return _emit(
             run_real_stopping(
@@ -323,6 +327,11 @@ def add_simulate_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
         metavar="FILE",
         help="replay real answer distributions (bench/data/smollm2_answers.json) "
         "under every rule x futility setting",
+    )
+    p.add_argument(
+        "--real-prefix",
+        metavar="PREFIX",
+        help="with --real: only the items whose id starts with PREFIX (e.g. capital-)",
     )
     p.add_argument(
         "--trials", type=_positive, help="trials per distribution (5000; grid 20000; real 200)"

@@ -149,3 +149,9 @@ def test_cli_real_and_alarm(capsys: pytest.CaptureFixture[str]) -> None:
     }
     assert main(["simulate", "stopping", "--real", "/nonexistent.json"]) == 2
     assert "cannot read answer file" in capsys.readouterr().err
+    # --real-prefix: only the capital questions (30 of the 48 items).
+    args = ["simulate", "stopping", "--real", str(ANSWERS), "--trials", "2", "--json"]
+    assert main([*args, "--real-prefix", "capital-"]) == 0
+    assert json.loads(capsys.readouterr().out)["items"] == 30
+    assert main([*args, "--real-prefix", "nothing-"]) == 2
+    assert "no item id" in capsys.readouterr().err

@@ -206,9 +206,21 @@ def test_existing_secret_is_mounted_and_no_secret_is_created() -> None:
 
 
 def test_metrics_off_renders_no_monitoring_objects() -> None:
-    kinds = {d["kind"] for d in render(values_of(CHART / "ci" / "metrics-off-values.yaml"))}
-    assert kinds.isdisjoint({"ServiceMonitor", "PrometheusRule"})
+    docs = render(values_of(CHART / "ci" / "metrics-off-values.yaml"))
+    kinds = {d["kind"] for d in docs}
+    assert kinds.isdisjoint({"ServiceMonitor", "PodMonitor", "PrometheusRule"})
     assert "ConfigMap" in kinds
+    dashboards = [
+        d
+        for d in docs
+        if d["kind"] == "ConfigMap" and "grafana_dashboard" in d["metadata"].get("labels", {})
+    ]
+    assert not dashboards
+    # Scraped by annotations instead: they reach the pod, on the metrics port.
+    [deployment] = [d for d in docs if d["kind"] == "Deployment"]
+    annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert annotations["prometheus.io/port"] == "9108"
 
 
 @pytest.mark.parametrize(

@@ -48,7 +48,7 @@ def failing_until(healthy: asyncio.Event) -> Any:
     return handle
 
 
-def breaker_client(endpoint: Endpoint, threshold: int) -> OpenAIClient:
+def breaker_client(endpoint: Endpoint, threshold: int, *, supports_n: bool = False) -> OpenAIClient:
     """No retries (each failure counts at once), a short cool-down."""
     return OpenAIClient(
         base_url=endpoint.base_url,
@@ -57,16 +57,23 @@ def breaker_client(endpoint: Endpoint, threshold: int) -> OpenAIClient:
         breaker_threshold=threshold,
         breaker_cooldown_s=COOLDOWN_S,
         concurrency=K,
+        supports_n=supports_n,
     )
 
 
-@pytest.mark.parametrize("batch", range(1, K + 1))
+# Every batch up to the client's concurrency, and batches larger than it (a stopping
+# rule may ask for up to k_max - k calls at once: 17 with the defaults); with parallel
+# single calls and with one call asking for n answers.
+@pytest.mark.parametrize(
+    ("batch", "supports_n"),
+    [*((b, False) for b in range(1, K + 1)), (8, False), (17, False), (3, True), (17, True)],
+)
 async def test_calls_resume_within_the_cooldown_for_every_batch_size(
-    endpoint: Endpoint, batch: int
+    endpoint: Endpoint, batch: int, supports_n: bool
 ) -> None:
     healthy = asyncio.Event()
     endpoint.default = failing_until(healthy)
-    client = breaker_client(endpoint, threshold=2)
+    client = breaker_client(endpoint, threshold=2, supports_n=supports_n)
     try:
         for _ in range(4):  # the endpoint fails: the circuit opens
             with pytest.raises(ModelCallError, match=r"HTTP 500|circuit open"):

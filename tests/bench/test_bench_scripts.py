@@ -163,13 +163,15 @@ def test_kafka_scale_bench(tmp_path: Path) -> None:
         assert key in doc["machine"], key
     replicas = doc["replicas"]
     assert replicas["events"] > 0 and replicas["partitions"] >= 1 and replicas["repeats"] == 1
-    for n in ("1", "2"):
+    for n in ("bare", "1", "2"):
         rates = replicas["events_per_s"][n]
         assert len(rates) == 1 and all(positive(r) for r in rates)
         assert replicas["median_events_per_s"][n] == rates[0]
     medians = replicas["median_events_per_s"]
     assert replicas["ratio_2_to_1"] == pytest.approx(medians["2"] / medians["1"])
-    assert positive(replicas["ratio_2_to_1"])
+    assert replicas["ratio_1_to_bare"] == pytest.approx(medians["1"] / medians["bare"])
+    assert replicas["ratio_2_to_bare"] == pytest.approx(medians["2"] / medians["bare"])
+    assert positive(replicas["ratio_2_to_1"]) and positive(replicas["ratio_1_to_bare"])
     [replay] = doc["replay"]
     assert replay["verdicts"] > 0
     assert positive(replay["bare_s"]) and positive(replay["relmon_s"])

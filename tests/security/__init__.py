@@ -89,7 +89,15 @@ class RelmonProcess:
     """``relmon run`` on free ports with one task (``chat``, text answers, every event
     sampled and reviewed, three samples an item)."""
 
-    def __init__(self, tmp: Path, model_url: str, *, extra: str = "", state: Path | None = None):
+    def __init__(
+        self,
+        tmp: Path,
+        model_url: str,
+        *,
+        extra: str = "",
+        state: Path | None = None,
+        traffic: str = "mode: mirror",
+    ):
         self.tmp = tmp
         self.state = state or tmp / "state"
         self.ports = {"metrics": free_port(), "review": free_port(), "traffic": free_port()}
@@ -106,7 +114,7 @@ tasks:
     review_rate: 1.0
 metrics: {{port: {self.ports["metrics"]}}}
 review: {{port: {self.ports["review"]}}}
-traffic: {{port: {self.ports["traffic"]}, mode: mirror}}
+traffic: {{port: {self.ports["traffic"]}, {traffic}}}
 state_dir: "{self.state}"
 log_format: json
 {extra}

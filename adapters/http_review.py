@@ -1,4 +1,5 @@
-"""The review API and review page on aiohttp (DESIGN §3: 9109, ``/api/reviews/...``, ``/review``).
+"""The review API and review page on aiohttp (port 9109: ``/api/reviews/...``,
+``/review``; docs/review.md).
 
 Every ``/api`` route needs ``Authorization: Bearer <token>`` (compared in constant time;
 401 with ``WWW-Authenticate`` otherwise; the token is never logged)::

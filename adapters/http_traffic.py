@@ -1,4 +1,4 @@
-"""The traffic endpoint on aiohttp: a mirror target or an inline reverse proxy (DESIGN §1).
+"""The traffic endpoint on aiohttp: a mirror target or an inline reverse proxy (docs/deploy.md).
 
 ``mode="mirror"``
     ``POST …/chat/completions`` (``/v1/chat/completions`` under any path prefix, e.g.

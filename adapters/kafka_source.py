@@ -1,4 +1,4 @@
-"""Kafka as a traffic source: a consumer group on a topic of logged LLM calls (DESIGN §1, §3).
+"""Kafka as a traffic source: a consumer group on a topic of logged LLM calls (docs/kafka.md).
 
 :class:`KafkaEventSource` reads events in ``getmany`` batches, validates each with
 :func:`parse_event_bytes` (``monitor.events.parse_event`` with msgspec's faster JSON
@@ -582,7 +582,7 @@ class KafkaConsumerBase:
 
 
 class KafkaEventSource(KafkaConsumerBase):
-    """Traffic events from a Kafka topic, offered to the service (DESIGN §1 "kafka")."""
+    """Traffic events from a Kafka topic, offered to the service (docs/kafka.md)."""
 
     def __init__(  # noqa: PLR0917 (the documented positional signature)
         self,

@@ -131,7 +131,7 @@ def _by_alpha(values: dict[float, float]) -> dict[str, float | str | None]:
 
 
 def report_to_json(report: CertifyReport, **meta: Any) -> dict[str, Any]:
-    """The ``--format json`` document (DESIGN §3: n, reliability_level, thresholds)."""
+    """The ``--format json`` document (n, reliability_level, thresholds: see the README)."""
     out: dict[str, Any] = {
         "n": report.n,
         "reliability_level": report.reliability_level,

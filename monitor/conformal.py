@@ -1,4 +1,4 @@
-"""Split-conformal thresholds and the reliability level, plain and weighted (DESIGN §2).
+"""Split-conformal thresholds and the reliability level, plain and weighted (docs/method.md).
 
 Plain (exchangeable) form, from ``n`` calibration scores:
 

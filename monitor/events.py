@@ -1,4 +1,4 @@
-"""The traffic event (DESIGN §3) and its validation, without I/O.
+"""The traffic event (docs/kafka.md, "Traffic events") and its validation, without I/O.
 
 A traffic event is one logged or mirrored LLM call::
 

@@ -1,6 +1,6 @@
 """Prometheus metrics, built in one place from a registry that is passed in.
 
-Names and labels follow DESIGN §3. No prompt or answer text ever goes into a label:
+Names and labels are a contract (docs/metrics.md). No prompt or answer text ever goes into a label:
 label values are model names, task names, alphas, sources and fixed enumerations.
 ``relmon_set_size`` observes the set size at the task's target level
 alpha = 1 - reliability_target (one histogram per model and task, as §3 fixes).
@@ -146,7 +146,7 @@ class Metrics:
             (*mt, "verdict"),
             registry=registry,
         )
-        # Second round (DESIGN §3): SLI, live self-check, alarm, health.
+        # SLI, live self-check, alarm, health (docs/metrics.md).
         self.top_answers = Counter(
             "relmon_top_answers",
             "Reviewed items whose top answer was accepted or rejected, each counted with "

@@ -1,4 +1,4 @@
-"""Review items and verdicts (DESIGN §3), and how a verdict becomes a score. No I/O.
+"""Review items and verdicts (docs/review.md), and how a verdict becomes a score. No I/O.
 
 A review item is what a reviewer sees: the item id, model, task, the (redacted) query,
 the ranked candidates with their counts, K used and the inclusion probability. A

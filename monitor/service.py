@@ -1,11 +1,11 @@
 """The streaming monitor: admission, re-asking, consensus, review routing, calibration.
 
-Data flow (DESIGN §1): a source offers an event → :meth:`MonitorService.offer` resolves
-its task, hash-samples it and reserves call budget, never waiting → a worker re-asks
-the model in batches chosen by the stopping rule → canonicalize, rank, prediction sets
-from the current thresholds → with the task's review probability, a review item →
-a verdict (:meth:`apply_verdict`) becomes a score in the (model, task) calibration
-window → metrics.
+Data flow (the README, "How it works"): a source offers an event →
+:meth:`MonitorService.offer` resolves its task, hash-samples it and reserves call
+budget, never waiting → a worker re-asks the model in batches chosen by the stopping
+rule → canonicalize, rank, prediction sets from the current thresholds → with the
+task's review probability, a review item → a verdict (:meth:`apply_verdict`) becomes
+a score in the (model, task) calibration window → metrics.
 
 An item whose model calls fail is abandoned and counted, never scored on partial data.
 Nothing here parses HTTP or Kafka: adapters call :meth:`offer` and

@@ -19,7 +19,7 @@ Rules
     stops when E >= m/delta with m = observed classes - 1 (at least 1) rivals, or
     m = K_max - 1 in strict mode. E only grows when the runner-up's count shrinks, so a
     wrong leader needs its own pairwise test against the true mode to cross, which the
-    union over m rivals bounds (DESIGN §2).
+    union over m rivals bounds (docs/method.md).
 ``runner-up`` (default)
     The intersection-union form of the same test: certify the leader a only when every
     pairwise null "p_b >= p_a" is rejected. The pairwise e-value falls as n_b grows, so
@@ -67,8 +67,8 @@ Rules
     (above delta) and 0.03325 at c = 2; the tie 0.35/0.35 plus ten classes at 0.03
     gives 0.05400 and 0.02225.
 ``hoeffding``
-    The paper's section 9 theorem 'Certified mode identification' (DESIGN:
-    Theorem 8.1) exactly as printed: stop when
+    The paper's section 9 theorem 'Certified mode identification' (cited elsewhere
+    as Theorem 8.1) exactly as printed: stop when
     Delta_k > sqrt(2 ln(2 |C| k^2 / delta) / k). At delta = 0.05 its threshold stays
     above 1 until k = 20 even for unanimous answers, so with K_max = 20 it never saves
     a sample. Kept for comparison.

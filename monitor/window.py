@@ -2,7 +2,7 @@
 
 Each scored verdict contributes weight w_i = 2^(-(now - t_i)/h) / pi_i: decay with
 half-life h on the item's sampling time t_i, and the inverse of its review probability
-pi_i (DESIGN §2). Thresholds and the reliability level are the weighted conformal forms
+pi_i (docs/method.md). Thresholds and the reliability level are the weighted conformal forms
 with the test mass w* = 1/pi_min at +inf (the largest weight a test point can carry).
 
 **One order.** Every verdict carries an ``order`` key, persisted by the store with the

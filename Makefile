@@ -1,6 +1,6 @@
 # The README's two commands: `make demo` and `make test`.
 #
-# `make demo` needs only relmon's runtime dependencies (a few wheels: about 25 s, with
+# `make demo` needs only relmon's runtime dependencies (a few wheels: about 15-25 s, with
 # or without pip's cache; bench/demo_time.py measures it).
 # `make demo DEMO_ARGS="--drift-after 40"` passes flags to `relmon demo`.
 # `make test` adds the real components the tests run against: Debian packages
@@ -30,7 +30,7 @@ $(RUNTIME_STAMP): pyproject.toml
 	  echo "relmon needs Python 3.11 or newer; '$(PYTHON)' is not. Try: make $(MAKECMDGOALS) PYTHON=python3.11"; \
 	  exit 1; }
 	@test -x $(BIN)/python || { echo "==> creating the virtual environment $(VENV)"; $(PYTHON) -m venv $(VENV); }
-	@echo "==> installing relmon and its runtime dependencies into $(VENV) (numpy, scipy, aiohttp, pydantic, ...; about 25 s)"
+	@echo "==> installing relmon and its runtime dependencies into $(VENV) (numpy, scipy, aiohttp, pydantic, ...; about 15-25 s)"
 	@$(PIP) install --quiet -e .
 	@touch $@
 

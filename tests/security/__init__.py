@@ -11,6 +11,7 @@ blocking calls (raw sockets, schemathesis) while relmon keeps re-asking it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -21,7 +22,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -184,6 +185,23 @@ log_format: json
             {"X-Request-Id": request_id},
         )
         return status
+
+
+@contextlib.contextmanager
+def clean_log(proc: RelmonProcess) -> Iterator[None]:
+    """What ``proc`` logs meanwhile: JSON lines, no traceback, nothing failed."""
+    start = len(proc.stderr_path.read_bytes())
+    yield
+    new = proc.stderr_path.read_bytes()[start:].decode("utf-8", "replace")
+    bad = [
+        line
+        for line in log_lines(new)
+        if "exception" in line
+        or line.get("event") in ("item_failed", "traffic_sink_failed", "traffic_event_failed")
+        or line.get("level") in ("error", "critical")
+    ]
+    assert not bad, bad[:3]
+    assert "Traceback" not in new
 
 
 def log_lines(text: str) -> list[dict[str, Any]]:

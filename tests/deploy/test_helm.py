@@ -336,8 +336,9 @@ def test_prometheus_rule_holds_exactly_the_deploy_rules() -> None:
 # ------------------------------------------------------------------------- sidecar
 
 
-def test_sidecar_template_adds_relmon_to_an_application_pod(tmp_path: Path) -> None:
-    """An application chart with relmon as a dependency includes "relmon.sidecar"."""
+def application_chart(tmp_path: Path) -> Path:
+    """The application chart of deploy/helm/ (its Deployment and values snippet), with
+    relmon as a dependency."""
     app = tmp_path / "app"
     (app / "templates").mkdir(parents=True)
     shutil.copytree(CHART, app / "charts" / "relmon")
@@ -345,12 +346,16 @@ def test_sidecar_template_adds_relmon_to_an_application_pod(tmp_path: Path) -> N
         "apiVersion: v2\nname: app\nversion: 1.0.0\n"
         "dependencies:\n  - name: relmon\n    version: 0.1.0\n"
     )
-    snippet = (ROOT / "deploy" / "helm" / "sidecar-values.yaml").read_text()
-    (app / "values.yaml").write_text(snippet)
+    (app / "values.yaml").write_text((ROOT / "deploy" / "helm" / "sidecar-values.yaml").read_text())
     (app / "templates" / "deployment.yaml").write_text(
         (ROOT / "deploy" / "helm" / "app-deployment.yaml").read_text()
     )
-    docs = render({}, chart=app)
+    return app
+
+
+def test_sidecar_template_adds_relmon_to_an_application_pod(tmp_path: Path) -> None:
+    """An application chart with relmon as a dependency includes "relmon.sidecar"."""
+    docs = render({}, chart=application_chart(tmp_path))
     (deployment,) = by_kind(docs, "Deployment")
     kubernetes_validate.validate(deployment, K8S, strict=True)
     pod = deployment["spec"]["template"]["spec"]
@@ -404,18 +409,7 @@ def test_a_pod_monitor_scrapes_relmon_without_a_service(tmp_path: Path) -> None:
     assert_pod_monitor_scrapes_relmon_as_job_relmon(monitor, deployment["spec"]["template"])
     assert by_kind(render({}), "PodMonitor") == []  # off by default
     # Sidecar: the application chart of deploy/helm/, with relmon as a dependency.
-    app = tmp_path / "app"
-    (app / "templates").mkdir(parents=True)
-    shutil.copytree(CHART, app / "charts" / "relmon")
-    (app / "Chart.yaml").write_text(
-        "apiVersion: v2\nname: app\nversion: 1.0.0\n"
-        "dependencies:\n  - name: relmon\n    version: 0.1.0\n"
-    )
-    (app / "values.yaml").write_text((ROOT / "deploy" / "helm" / "sidecar-values.yaml").read_text())
-    (app / "templates" / "deployment.yaml").write_text(
-        (ROOT / "deploy" / "helm" / "app-deployment.yaml").read_text()
-    )
-    docs = render({}, chart=app)
+    docs = render({}, chart=application_chart(tmp_path))
     (monitor,) = by_kind(docs, "PodMonitor")
     (deployment,) = by_kind(docs, "Deployment")
     assert_pod_monitor_scrapes_relmon_as_job_relmon(monitor, deployment["spec"]["template"])

@@ -62,9 +62,11 @@ install: $(RUNTIME_STAMP)
 
 install-test: $(TEST_STAMP)
 
+# The floors (docs/architecture.md) are contracts in pyproject.toml [tool.importlinter].
 lint: $(TEST_STAMP)
 	$(BIN)/ruff check monitor adapters tests bench
 	$(BIN)/ruff format --check monitor adapters tests bench
+	$(BIN)/lint-imports
 
 typecheck: $(TEST_STAMP)
 	$(BIN)/mypy

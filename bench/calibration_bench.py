@@ -1,7 +1,7 @@
 """Calibration cost: time per verdict and per scrape of the incremental calibration window
 with 10k and 100k items, against recomputing from scratch; memory per window item.
 
-For each size n the window (``monitor.window.CalibrationWindow``, the service's seven
+For each size n the window (``monitor.core.window.CalibrationWindow``, the service's seven
 default alphas, half-life 1 h, review probabilities 0.1 and 1) is filled to n items, so
 every further verdict evicts the oldest. Measured:
 
@@ -38,8 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import benchlib
 
-from monitor.conformal import reliability_lower_bound
-from monitor.window import CalibrationWindow
+from monitor.core.conformal import reliability_lower_bound
+from monitor.core.window import CalibrationWindow
 
 ALPHAS = (0.01, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3)
 HALF_LIFE = 3600.0

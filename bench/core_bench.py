@@ -28,11 +28,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import benchlib
 
-from monitor.canon import get_canonicalizer
-from monitor.consensus import rank_classes
-from monitor.redaction import Redactor
-from monitor.scores import rank_score
-from monitor.stopping import get_stopping_rule
+from monitor.core.canon import get_canonicalizer
+from monitor.core.consensus import rank_classes
+from monitor.core.redaction import Redactor
+from monitor.core.scores import rank_score
+from monitor.core.stopping import get_stopping_rule
 
 
 def _items(n: int, k: int, rng: np.random.Generator) -> list[list[str]]:

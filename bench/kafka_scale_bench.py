@@ -55,9 +55,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 from benchlib import free_port, machine, stop, write_json  # noqa: E402
 from kafka_source_bench import fill, wait_ready  # noqa: E402
 
-from adapters.kafka_review import KafkaCalibrationStore  # noqa: E402
-from monitor.demo.model import QuestionBank, SimulatedModel  # noqa: E402
-from monitor.review import ReviewItem, Verdict, verdict_score  # noqa: E402
+from adapters.kafka.review import KafkaCalibrationStore  # noqa: E402
+from monitor.app.demo.model import QuestionBank, SimulatedModel  # noqa: E402
+from monitor.core.review import ReviewItem, Verdict, verdict_score  # noqa: E402
 
 TAKEN = ("sampled", "skipped", "duplicate")
 

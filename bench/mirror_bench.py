@@ -51,7 +51,7 @@ async def _serve(role: str) -> None:
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     if role == "model":
-        from monitor.demo.model import SimulatedModel
+        from monitor.app.demo.model import SimulatedModel
 
         model = SimulatedModel(drift_after_s=None, seed=3)
         url = await model.start()

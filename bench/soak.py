@@ -64,7 +64,7 @@ CONTROL_EVERY = 10  # one request in ten also goes to a bare 202 handler, the ba
 async def _serve_model(latency_s: float) -> None:
     from aiohttp import web
 
-    from monitor.demo.model import QuestionBank, SimulatedModel
+    from monitor.app.demo.model import QuestionBank, SimulatedModel
 
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
@@ -141,7 +141,7 @@ async def _soak(
     seconds: float,
     scrape_every: float,
 ) -> dict[str, Any]:
-    from monitor.demo.model import QuestionBank
+    from monitor.app.demo.model import QuestionBank
 
     questions = [q for q, _ in QuestionBank(size=400, seed=7).questions]
     headers = {"Content-Type": "application/json", "Authorization": "Bearer app-key"}

@@ -46,9 +46,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import benchlib
 
-from monitor.simulate.real_stopping import RealItem, load_answer_file, replay_top
-from monitor.simulate.sequential import GRID, describe_distribution
-from monitor.stopping import (
+from monitor.app.simulate.real_stopping import RealItem, load_answer_file, replay_top
+from monitor.app.simulate.sequential import GRID, describe_distribution
+from monitor.core.stopping import (
     DEFAULT_FUTILITY,
     DEFAULT_RULE,
     Decision,

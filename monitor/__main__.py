@@ -1,5 +1,5 @@
 """``python -m monitor`` is the ``relmon`` command."""
 
-from monitor.cli import main
+from monitor.app.cli import main
 
 raise SystemExit(main())

@@ -10,10 +10,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from monitor.errors import ModelCallError
-from monitor.events import query_text
-from monitor.ports import CalibrationRecord
-from monitor.review import ReviewItem, Verdict
+from monitor.core.errors import ModelCallError
+from monitor.core.events import query_text
+from monitor.core.review import ReviewItem, Verdict
+from monitor.engine.ports import CalibrationRecord
 
 __all__ = ["FakeModelClient", "InMemoryStore", "ManualClock"]
 

@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from monitor.events import parse_event
-from monitor.sampler import CallBudget
+from monitor.core.events import parse_event
+from monitor.core.sampler import CallBudget
 from tests.test_service import event, make_service
 
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from monitor.canon import get_canonicalizer
-from monitor.cli import main
-from monitor.conformal import conformal_threshold
+from monitor.app.cli import main
+from monitor.core.canon import get_canonicalizer
+from monitor.core.conformal import conformal_threshold
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "examples" / "arith_samples.jsonl"

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from monitor.cli import main
+from monitor.app.cli import main
 from monitor.config import load_settings
-from monitor.errors import ConfigError
+from monitor.core.errors import ConfigError
 
 GOOD = """
 tasks:

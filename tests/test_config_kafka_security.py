@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from adapters.kafka_clients import client_options, connection_problem, group_options
-from monitor.cli import main
-from monitor.config import effective_settings, load_settings, validate_settings
-from monitor.errors import ConfigError
+from adapters.kafka.clients import client_options, connection_problem, group_options
+from monitor.app.cli import main
+from monitor.app.validation import validate_settings
+from monitor.config import effective_settings, load_settings
+from monitor.core.errors import ConfigError
 from tests.kafka.tls import Pki, make_pki
 
 BASE = """

@@ -16,17 +16,12 @@ import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from monitor.cli import main
-from monitor.config import (
-    budget_warnings,
-    default_state_dir,
-    fewest_samples,
-    load_settings,
-    validate_settings,
-)
-from monitor.errors import ConfigError
-from monitor.metrics import Metrics
-from monitor.runner import build_task, start_service
+from monitor.app.cli import main
+from monitor.app.runner import build_task, start_service
+from monitor.app.validation import budget_warnings, fewest_samples, validate_settings
+from monitor.config import default_state_dir, load_settings
+from monitor.core.errors import ConfigError
+from monitor.engine.metrics import Metrics
 
 DOCUMENTED_CANONICALIZERS = ("numeric", "mcq", "text", "json", "regex", "embedding", "llm")
 

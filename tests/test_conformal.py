@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from monitor.conformal import (
+from monitor.core.conformal import (
     aci_update,
     conformal_threshold,
     conformal_thresholds,

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from monitor.canon.base import INVALID
-from monitor.consensus import Consensus, rank_classes
-from monitor.scores import (
+from monitor.core.canon.base import INVALID
+from monitor.core.consensus import Consensus, rank_classes
+from monitor.core.scores import (
     SCORE_NAMES,
     aps_score,
     cumprob_score,

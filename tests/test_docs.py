@@ -15,9 +15,10 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import CounterMetricFamily, Metric
 from pydantic import BaseModel
 
-from monitor.cli import build_parser, main
-from monitor.config import Settings, load_settings, validate_settings
-from monitor.metrics import Metrics
+from monitor.app.cli import build_parser, main
+from monitor.app.validation import validate_settings
+from monitor.config import Settings, load_settings
+from monitor.engine.metrics import Metrics
 from tests.kafka.tls import make_pki
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -203,7 +204,7 @@ def test_help_texts_have_no_raw_markup() -> None:
 
 
 def test_rule_help_lists_every_rule() -> None:
-    from monitor.stopping import available_rules
+    from monitor.core.stopping import available_rules
 
     stopping = next(p for p in _all_parsers(build_parser()) if p.prog.endswith("stopping"))
     help_text = " ".join(stopping.format_help().split())

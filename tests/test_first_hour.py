@@ -11,9 +11,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from monitor.cli import main
+from monitor.app.cli import main
+from monitor.app.runner import start_service
 from monitor.config import load_settings
-from monitor.runner import start_service
 from tests.ports import free_port
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"

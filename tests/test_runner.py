@@ -8,10 +8,10 @@ import asyncio
 import pytest
 from prometheus_client import CollectorRegistry
 
+from monitor.app.runner import build_task, supervise
 from monitor.config import TaskSettings
-from monitor.errors import ConfigError, RelmonError
-from monitor.metrics import Metrics
-from monitor.runner import build_task, supervise
+from monitor.core.errors import ConfigError, RelmonError
+from monitor.engine.metrics import Metrics
 
 
 async def test_answer_pattern_wraps_the_canonicalizer() -> None:
@@ -77,10 +77,10 @@ async def test_close_releases_everything_even_when_not_drained(tmp_path) -> None
     import aiohttp
     from aiohttp import web
 
+    from monitor.app.runner import start_service
     from monitor.config import load_settings
-    from monitor.errors import ModelCallError
-    from monitor.events import parse_event
-    from monitor.runner import start_service
+    from monitor.core.errors import ModelCallError
+    from monitor.core.events import parse_event
 
     release = asyncio.Event()
 
@@ -142,9 +142,9 @@ async def test_not_ready_until_every_listener_is_up(
 
     import aiohttp
 
-    from adapters.http_traffic import TrafficServer
+    from adapters.http.traffic import TrafficServer
+    from monitor.app.runner import start_service
     from monitor.config import load_settings
-    from monitor.runner import start_service
     from tests.security import free_port
 
     gate = asyncio.Event()

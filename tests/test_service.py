@@ -10,15 +10,15 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
-from monitor import service as service_module
-from monitor.canon import as_async, get_canonicalizer
 from monitor.config import BudgetSettings, TaskSettings
-from monitor.conformal import decay_weights, weighted_reliability_level, weighted_threshold
-from monitor.events import parse_event
-from monitor.metrics import Metrics
-from monitor.review import ReviewItem, Verdict
-from monitor.service import MonitorService, TaskRuntime
-from monitor.stopping import get_stopping_rule
+from monitor.core.canon import as_async, get_canonicalizer
+from monitor.core.conformal import decay_weights, weighted_reliability_level, weighted_threshold
+from monitor.core.events import parse_event
+from monitor.core.review import ReviewItem, Verdict
+from monitor.core.stopping import get_stopping_rule
+from monitor.engine import service as service_module
+from monitor.engine.metrics import Metrics
+from monitor.engine.service import MonitorService, TaskRuntime
 from monitor.testing import FakeModelClient, InMemoryStore, ManualClock
 
 
@@ -257,8 +257,8 @@ async def test_unknown_verdicts_and_invalid_ranks() -> None:
 
 
 def test_deeply_nested_json_is_a_rejected_event_not_a_crash() -> None:
-    from monitor.errors import InputError
-    from monitor.review import parse_verdict
+    from monitor.core.errors import InputError
+    from monitor.core.review import parse_verdict
 
     with pytest.raises(InputError, match="nested too deeply"):
         parse_event(b"[" * 100_000)

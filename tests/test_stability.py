@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from sklearn.metrics import adjusted_rand_score
 
-from monitor.stability import adjusted_rand_index, bootstrap_ari
+from monitor.core.stability import adjusted_rand_index, bootstrap_ari
 
 labelings = st.integers(2, 30).flatmap(
     lambda n: st.tuples(

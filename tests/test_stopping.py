@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import integrate, stats
 
-from monitor.errors import ConfigError
-from monitor.simulate.stopping import run_stopping_trials
-from monitor.stopping import (
+from monitor.app.simulate.stopping import run_stopping_trials
+from monitor.core.errors import ConfigError
+from monitor.core.stopping import (
     DEFAULT_RULE,
     HoeffdingRule,
     MixtureRule,

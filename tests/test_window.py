@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from monitor.conformal import (
+from monitor.core.conformal import (
     conformal_threshold,
     decay_weights,
     effective_sample_size,
@@ -18,7 +18,7 @@ from monitor.conformal import (
     weighted_reliability_lower_bound,
     weighted_threshold,
 )
-from monitor.window import CalibrationWindow
+from monitor.core.window import CalibrationWindow
 
 ALPHAS = (0.01, 0.05, 0.1, 0.2, 0.3)
 

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from monitor.alarm import DEFAULT_BETS, EDetector, bet_grid
-from monitor.simulate.alarm import StreamEDetector, first_alarms, run_alarm
+from monitor.app.simulate.alarm import StreamEDetector, first_alarms, run_alarm
+from monitor.core.alarm import DEFAULT_BETS, EDetector, bet_grid
 
 TAU = 0.9
 

@@ -7,9 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from monitor.conformal import aci_update
-from monitor.simulate.drift import run_drift, simulate_stream
-from monitor.simulate.priority import (
+from monitor.app.simulate.drift import run_drift, simulate_stream
+from monitor.app.simulate.priority import (
     MATCH_STEP,
     MIXES,
     PriorityResult,
@@ -19,6 +18,7 @@ from monitor.simulate.priority import (
     run_priority,
     synthetic_items,
 )
+from monitor.core.conformal import aci_update
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +27,7 @@ def drift() -> object:
 
 
 def test_self_check_holds_on_a_stationary_stream_and_falls_under_drift(drift: object) -> None:
-    from monitor.simulate.drift import DriftResult
+    from monitor.app.simulate.drift import DriftResult
 
     assert isinstance(drift, DriftResult)
     window = drift.coverage["window"]
@@ -38,7 +38,7 @@ def test_self_check_holds_on_a_stationary_stream_and_falls_under_drift(drift: ob
 
 
 def test_aci_long_run_coverage_matches_the_promise(drift: object) -> None:
-    from monitor.simulate.drift import DriftResult
+    from monitor.app.simulate.drift import DriftResult
 
     assert isinstance(drift, DriftResult)
     aci = drift.coverage["window + ACI"]

@@ -12,15 +12,15 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
-from monitor.alarm import EDetector
-from monitor.canon import as_async, get_canonicalizer
 from monitor.config import BudgetSettings, TaskSettings
-from monitor.conformal import weighted_threshold
-from monitor.events import parse_event
-from monitor.metrics import Metrics
-from monitor.review import ReviewItem, Verdict
-from monitor.service import MonitorService, TaskRuntime
-from monitor.stopping import get_stopping_rule
+from monitor.core.alarm import EDetector
+from monitor.core.canon import as_async, get_canonicalizer
+from monitor.core.conformal import weighted_threshold
+from monitor.core.events import parse_event
+from monitor.core.review import ReviewItem, Verdict
+from monitor.core.stopping import get_stopping_rule
+from monitor.engine.metrics import Metrics
+from monitor.engine.service import MonitorService, TaskRuntime
 from monitor.testing import FakeModelClient, InMemoryStore, ManualClock
 
 LABELS = {"model": "sim-1", "task": "arith"}

@@ -11,10 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import integrate
 
-from monitor.errors import ConfigError
-from monitor.simulate.real_stopping import load_answer_file, run_real_stopping
-from monitor.simulate.stopping import run_stopping_trials
-from monitor.stopping import MixtureRule, RunnerUpRule, get_stopping_rule
+from monitor.app.simulate.real_stopping import load_answer_file, run_real_stopping
+from monitor.app.simulate.stopping import run_stopping_trials
+from monitor.core.errors import ConfigError
+from monitor.core.stopping import MixtureRule, RunnerUpRule, get_stopping_rule
 
 DELTA = 0.05
 ANSWERS = Path(__file__).resolve().parents[2] / "bench" / "data" / "smollm2_answers.json"
@@ -132,7 +132,7 @@ def test_real_answer_distributions_save_at_least_35_percent() -> None:
 def test_cli_real_and_alarm(capsys: pytest.CaptureFixture[str]) -> None:
     import json
 
-    from monitor.cli import main
+    from monitor.app.cli import main
 
     assert main(["simulate", "stopping", "--real", str(ANSWERS), "--trials", "5", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)

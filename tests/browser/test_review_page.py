@@ -51,12 +51,12 @@ from PIL import Image
 from playwright.sync_api import Browser, Page, Request, sync_playwright
 from prometheus_client.parser import text_string_to_metric_families
 
-from adapters.http_review import ReviewServer
-from adapters.http_review_page import ReviewPage
-from adapters.sqlite_store import SqliteStore
-from monitor.demo import MODEL, TASK
-from monitor.review import ReviewItem
-from monitor.window import CalibrationWindow
+from adapters.http.review import ReviewServer
+from adapters.http.review_page import ReviewPage
+from adapters.sqlite.store import SqliteStore
+from monitor.app.demo import MODEL, TASK
+from monitor.core.review import ReviewItem
+from monitor.core.window import CalibrationWindow
 from tests.http.test_review_api import Handler, item
 from tests.ports import free_port
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from monitor.canon import INVALID, QueryContext
+from monitor.core.canon import INVALID, QueryContext
 
 __all__ = ["NotACanonicalizer", "UpperCanon", "make_upper"]
 

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from monitor.canon import INVALID, JsonCanonicalizer
-from monitor.canon.jsonc import canonical_json
+from monitor.core.canon import INVALID, JsonCanonicalizer
+from monitor.core.canon.jsonc import canonical_json
 
 CANON = JsonCanonicalizer()
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from monitor.canon import INVALID, McqCanonicalizer, QueryContext
-from monitor.errors import ConfigError
+from monitor.core.canon import INVALID, McqCanonicalizer, QueryContext
+from monitor.core.errors import ConfigError
 
 CANON = McqCanonicalizer()
 CAPITALS = QueryContext(

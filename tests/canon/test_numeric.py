@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from monitor.canon import INVALID, NumericCanonicalizer
-from monitor.canon.numeric import format_number
-from monitor.errors import ConfigError
+from monitor.core.canon import INVALID, NumericCanonicalizer
+from monitor.core.canon.numeric import format_number
+from monitor.core.errors import ConfigError
 
 CANON = NumericCanonicalizer()
 FRACTION_PERCENT = NumericCanonicalizer(percent="fraction")

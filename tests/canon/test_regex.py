@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from monitor.canon import INVALID, RegexCanonicalizer, TextCanonicalizer
-from monitor.errors import ConfigError
+from monitor.core.canon import INVALID, RegexCanonicalizer, TextCanonicalizer, get_canonicalizer
+from monitor.core.errors import ConfigError
 
 
 def test_named_group_then_text() -> None:
@@ -22,7 +22,7 @@ def test_first_group_is_used_without_a_named_one() -> None:
 
 
 def test_whole_match_without_groups() -> None:
-    canon = RegexCanonicalizer(pattern=r"\b[A-Z]{3}\b", then="text")
+    canon = get_canonicalizer("regex", pattern=r"\b[A-Z]{3}\b", then="text")
     assert canon.canonicalize("Flights from CDG and LHR") == "lhr"
 
 
@@ -33,16 +33,19 @@ def test_which_first_and_last() -> None:
 
 
 def test_then_numeric_with_options() -> None:
-    canon = RegexCanonicalizer(
-        pattern=r"rate=(?P<answer>\S+)", then="numeric", then_options={"percent": "fraction"}
+    canon = get_canonicalizer(
+        "regex",
+        pattern=r"rate=(?P<answer>\S+)",
+        then="numeric",
+        then_options={"percent": "fraction"},
     )
     assert canon.canonicalize("growth rate=12.5% (approx 13)") == "0.125"
 
 
 def test_then_mcq_sees_the_context() -> None:
-    from monitor.canon import QueryContext
+    from monitor.core.canon import QueryContext
 
-    canon = RegexCanonicalizer(pattern=r"<choice>(.*?)</choice>", then="mcq", flags="s")
+    canon = get_canonicalizer("regex", pattern=r"<choice>(.*?)</choice>", then="mcq", flags="s")
     context = QueryContext(options={"A": "yes", "B": "no"})
     assert canon.canonicalize("<choice>\nNo\n</choice>", context) == "B"
 
@@ -92,10 +95,10 @@ def test_empty_extract_goes_through_the_inner_canonicalizer() -> None:
 )
 def test_bad_configuration(options: dict[str, Any]) -> None:
     with pytest.raises(ConfigError):
-        RegexCanonicalizer(**options)
+        get_canonicalizer("regex", **options)
 
 
 def test_long_answer() -> None:
-    canon = RegexCanonicalizer(pattern=r"FINAL: (\d+)", then="numeric")
+    canon = get_canonicalizer("regex", pattern=r"FINAL: (\d+)", then="numeric")
     filler = "step, " * 20_000
     assert canon.canonicalize(filler + "FINAL: 1234" + filler) == "1234"

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-import monitor.canon as canon_pkg
-from monitor.canon import (
+import monitor.core.canon as canon_pkg
+from monitor.core.canon import (
     INVALID,
     Canonicalizer,
     JsonCanonicalizer,
@@ -24,7 +24,7 @@ from monitor.canon import (
     register_canonicalizer,
     registry,
 )
-from monitor.errors import ConfigError
+from monitor.core.errors import ConfigError
 from tests.canon.custom_canon import UpperCanon
 
 

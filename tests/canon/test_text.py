@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from monitor.canon import INVALID, TextCanonicalizer
-from monitor.canon.text import normalize_text
+from monitor.core.canon import INVALID, TextCanonicalizer
+from monitor.core.canon.text import normalize_text
 
 CANON = TextCanonicalizer()
 

@@ -2,7 +2,7 @@
 
 :class:`JudgeServer` is a real aiohttp server on 127.0.0.1 that speaks the OpenAI
 chat-completions shape and plays a deterministic judge; :class:`HttpJudgeClient` is a
-minimal :class:`monitor.ports.ModelClient` that POSTs to it over real HTTP.
+minimal :class:`monitor.engine.ports.ModelClient` that POSTs to it over real HTTP.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from monitor.errors import ModelCallError
+from monitor.core.errors import ModelCallError
 
 __all__ = ["JUDGE_TABLE", "HttpJudgeClient", "JudgeServer"]
 

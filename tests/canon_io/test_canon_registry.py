@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
-from adapters.canon_registry import available_async_canonicalizers, get_async_canonicalizer
-from adapters.embedding_canon import PREFIX, EmbeddingCanonicalizer
-from adapters.llm_canon import LlmCanonicalizer
-from monitor.canon import INVALID, AsyncCanonicalizer, QueryContext
-from monitor.errors import ConfigError
+from adapters.canon.embedding import PREFIX, EmbeddingCanonicalizer
+from adapters.canon.llm import LlmCanonicalizer
+from adapters.canon.registry import available_async_canonicalizers, get_async_canonicalizer
+from monitor.core.canon import INVALID, AsyncCanonicalizer, QueryContext
+from monitor.core.errors import ConfigError
 from tests.canon_io import HttpJudgeClient, JudgeServer
 
 

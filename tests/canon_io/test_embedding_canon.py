@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from adapters import embedding_canon
-from adapters.embedding_canon import (
+from adapters.canon import embedding as embedding_canon
+from adapters.canon.embedding import (
     DEFAULT_THRESHOLD,
     PREFIX,
     EmbeddingCanonicalizer,
@@ -20,9 +20,9 @@ from adapters.embedding_canon import (
     normalize_answer,
     partition,
 )
-from monitor.canon import INVALID, AsyncCanonicalizer, Canonicalizer, QueryContext, as_async
-from monitor.errors import CanonicalizationError, ConfigError
-from monitor.stability import bootstrap_ari
+from monitor.core.canon import INVALID, AsyncCanonicalizer, Canonicalizer, QueryContext, as_async
+from monitor.core.errors import CanonicalizationError, ConfigError
+from monitor.core.stability import bootstrap_ari
 
 
 @pytest.fixture(scope="session")
@@ -216,7 +216,7 @@ def test_threshold_sensitivity(canon: EmbeddingCanonicalizer) -> None:
     assert canon.threshold_sensitivity(["", " ", "Paris"])  # INVALID wins everywhere
 
 
-# The hand-labelled items the default threshold was chosen on (adapters/embedding_canon.py).
+# The hand-labelled items the default threshold was chosen on (adapters/canon/embedding.py).
 LEARNING_RATE = [
     ("Increase the learning rate.", "U"),
     ("Raise the learning rate.", "U"),

@@ -6,8 +6,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from adapters.llm_canon import NO_ANSWER, LlmCanonicalizer, parse_judge_reply
-from monitor.canon import (
+from adapters.canon.llm import NO_ANSWER, LlmCanonicalizer, parse_judge_reply
+from monitor.core.canon import (
     INVALID,
     AsyncCanonicalizer,
     Canonicalizer,
@@ -15,7 +15,7 @@ from monitor.canon import (
     QueryContext,
     as_async,
 )
-from monitor.errors import CanonicalizationError, ConfigError, ModelCallError
+from monitor.core.errors import CanonicalizationError, ConfigError, ModelCallError
 from tests.canon_io import HttpJudgeClient, JudgeServer
 
 QUERY = QueryContext(query="What is the capital of France?")

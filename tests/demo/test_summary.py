@@ -7,12 +7,12 @@ from types import SimpleNamespace
 
 from prometheus_client import CollectorRegistry
 
-from monitor.canon import as_async, get_canonicalizer
+from monitor.app.demo import MODEL, TASK, _summary
 from monitor.config import BudgetSettings, TaskSettings
-from monitor.demo import MODEL, TASK, _summary
-from monitor.metrics import Metrics
-from monitor.service import MonitorService, TaskRuntime
-from monitor.stopping import get_stopping_rule
+from monitor.core.canon import as_async, get_canonicalizer
+from monitor.core.stopping import get_stopping_rule
+from monitor.engine.metrics import Metrics
+from monitor.engine.service import MonitorService, TaskRuntime
 from monitor.testing import FakeModelClient, InMemoryStore, ManualClock
 
 

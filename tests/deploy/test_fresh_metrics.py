@@ -14,8 +14,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from adapters.openai_client import OUTCOMES
-from monitor.metrics import ITEM_OUTCOMES, TOP_ANSWER_OUTCOMES, VERDICT_KINDS, Metrics
+from adapters.openai.client import OUTCOMES
+from monitor.engine.metrics import ITEM_OUTCOMES, TOP_ANSWER_OUTCOMES, VERDICT_KINDS, Metrics
 from tests.e2e.test_run_drain import TOKEN, free_port, wait_ready, write_config
 
 LABELS = {"model": "sim-arith-1", "task": "arithmetic"}

@@ -18,7 +18,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from monitor.config import load_settings, validate_settings
+from monitor.app.validation import validate_settings
+from monitor.config import load_settings
 from tests.kafka.tls import make_pki
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -18,7 +18,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from monitor.demo.model import QuestionBank, SimulatedModel
+from monitor.app.demo.model import QuestionBank, SimulatedModel
 from tests.e2e.test_run_drain import TOKEN, free_port, wait_ready, write_config
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,9 +10,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from monitor.app.demo.model import QuestionBank, SimulatedModel
+from monitor.app.runner import Running, start_service
 from monitor.config import load_settings
-from monitor.demo.model import QuestionBank, SimulatedModel
-from monitor.runner import Running, start_service
 from tests.e2e.test_run_drain import free_port
 
 pytestmark = pytest.mark.timeout(120)

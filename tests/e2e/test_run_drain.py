@@ -17,7 +17,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from monitor.demo.model import QuestionBank, SimulatedModel, truth_of
+from monitor.app.demo.model import QuestionBank, SimulatedModel, truth_of
 from tests.ports import free_port
 
 TOKEN = "e2e-test-token-123456"

@@ -12,7 +12,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from monitor.demo.model import QuestionBank, SimulatedModel
+from monitor.app.demo.model import QuestionBank, SimulatedModel
 from tests.e2e.test_run_drain import TOKEN, free_port, wait_ready, write_config
 
 
@@ -52,7 +52,7 @@ async def test_sigterm_drains_in_flight_items_and_state_survives(tmp_path: Path)
     assert '"drained": true' in text
     assert '"interrupted": 0' in text  # the last line counts items stopped unfinished
     # Every admitted item was handled before exit: all 20 review items are in the store.
-    from adapters.sqlite_store import SqliteStore
+    from adapters.sqlite.store import SqliteStore
 
     store = SqliteStore(tmp_path / "state" / "relmon.sqlite3")
     try:

@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from adapters.http_traffic import TrafficServer, header_task_resolver
-from monitor.events import TrafficEvent
-from monitor.ports import Admission
+from adapters.http.traffic import TrafficServer, header_task_resolver
+from monitor.core.events import TrafficEvent
+from monitor.engine.ports import Admission
 
 COMPLETION = {
     "id": "chatcmpl-1",

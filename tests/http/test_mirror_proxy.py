@@ -21,7 +21,7 @@ import aiohttp
 import pytest
 from yarl import URL
 
-from adapters.http_traffic import (
+from adapters.http.traffic import (
     LISTEN_BACKLOG,
     TrafficServer,
     header_task_resolver,
@@ -29,9 +29,9 @@ from adapters.http_traffic import (
     json_response_text,
     sse_response_text,
 )
-from monitor.errors import ConfigError
-from monitor.events import TrafficEvent
-from monitor.ports import Admission
+from monitor.core.errors import ConfigError
+from monitor.core.events import TrafficEvent
+from monitor.engine.ports import Admission
 
 from .conftest import (
     BIG_ANSWER,

@@ -26,15 +26,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from adapters.sqlite_store import SqliteStore
-from monitor.canon import as_async, get_canonicalizer
+from adapters.sqlite.store import SqliteStore
 from monitor.config import BudgetSettings, TaskSettings
-from monitor.events import TrafficEvent, parse_event
-from monitor.metrics import Metrics
-from monitor.ports import CalibrationStore, ReviewQueue
-from monitor.review import ReviewItem, Verdict
-from monitor.service import MonitorService, TaskRuntime
-from monitor.stopping import get_stopping_rule
+from monitor.core.canon import as_async, get_canonicalizer
+from monitor.core.events import TrafficEvent, parse_event
+from monitor.core.review import ReviewItem, Verdict
+from monitor.core.stopping import get_stopping_rule
+from monitor.engine.metrics import Metrics
+from monitor.engine.ports import CalibrationStore, ReviewQueue
+from monitor.engine.service import MonitorService, TaskRuntime
 from monitor.testing import FakeModelClient, ManualClock
 from tests.http.test_sqlite_store import SCHEMA_2_RECORDS
 
@@ -386,7 +386,7 @@ async def test_a_different_verdict_for_a_reviewed_item_answers_the_stored_score(
 ) -> None:
     """The HTTP review API: the first verdict wins, and a second, different one answers
     ``duplicate`` with the score of the stored verdict, not its own."""
-    from adapters.http_review import ReviewServer
+    from adapters.http.review import ReviewServer
 
     clock = ManualClock(T0 + 100.0)
     store = SqliteStore(tmp_path / "relmon.sqlite3", clock=clock)

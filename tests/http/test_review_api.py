@@ -15,12 +15,12 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from adapters.http_review import ReviewServer
-from adapters.http_review_page import ReviewPage
-from adapters.sqlite_store import SqliteStore
-from monitor.errors import ConfigError
-from monitor.ports import CalibrationRecord, VerdictOutcome
-from monitor.review import ReviewItem, Verdict, verdict_score
+from adapters.http.review import ReviewServer
+from adapters.http.review_page import ReviewPage
+from adapters.sqlite.store import SqliteStore
+from monitor.core.errors import ConfigError
+from monitor.core.review import ReviewItem, Verdict, verdict_score
+from monitor.engine.ports import CalibrationRecord, VerdictOutcome
 
 TOKEN = "s3cret-review-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -16,10 +16,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from adapters.http_review import ReviewServer
-from adapters.http_review_page import ReviewPage
-from adapters.sqlite_store import SqliteStore
-from monitor.review import TaskProgress, Verdict, minimum_calibration_items
+from adapters.http.review import ReviewServer
+from adapters.http.review_page import ReviewPage
+from adapters.sqlite.store import SqliteStore
+from monitor.core.review import TaskProgress, Verdict, minimum_calibration_items
 from monitor.testing import ManualClock
 from tests.http.test_review_api import AUTH, TOKEN, Handler, item
 
@@ -267,7 +267,7 @@ async def test_progress_counts_today_waiting_and_calibration(papi: PageApi) -> N
 
 @pytest.mark.parametrize("alpha", [0.5, 0.2, 0.1, 0.05, 0.01, 0.3, 0.15, 0.07])
 def test_minimum_calibration_items_is_the_first_finite_threshold(alpha: float) -> None:
-    from monitor.conformal import conformal_threshold
+    from monitor.core.conformal import conformal_threshold
 
     n = minimum_calibration_items(alpha)
     # Independently: the smallest n whose plain conformal threshold is finite.

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from adapters.sqlite_store import SCHEMA_VERSION, SqliteStore, StoreError
-from monitor.errors import ConfigError
-from monitor.ports import CalibrationRecord, CalibrationStore, ReviewQueue
-from monitor.review import ReviewItem, Verdict
+from adapters.sqlite.store import SCHEMA_VERSION, SqliteStore, StoreError
+from monitor.core.errors import ConfigError
+from monitor.core.review import ReviewItem, Verdict
+from monitor.engine.ports import CalibrationRecord, CalibrationStore, ReviewQueue
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -307,9 +307,9 @@ def test_bad_files_and_newer_schemas_are_config_errors(tmp_path: Path) -> None:
 _WRITER = textwrap.dedent(
     """
     import asyncio, sys
-    from adapters.sqlite_store import SqliteStore
-    from monitor.ports import CalibrationRecord
-    from monitor.review import Verdict
+    from adapters.sqlite.store import SqliteStore
+    from monitor.engine.ports import CalibrationRecord
+    from monitor.core.review import Verdict
 
     async def main(path):
         store = SqliteStore(path)

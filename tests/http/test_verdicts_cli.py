@@ -13,12 +13,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from adapters.sqlite_store import SqliteStore
-from monitor.cli import main
-from monitor.ports import CalibrationRecord
-from monitor.review import ReviewItem, Verdict, verdict_score
+from adapters.sqlite.store import SqliteStore
+from monitor.app.cli import main
+from monitor.core.review import ReviewItem, Verdict, verdict_score
+from monitor.core.window import CalibrationWindow
+from monitor.engine.ports import CalibrationRecord
 from monitor.testing import ManualClock
-from monitor.window import CalibrationWindow
 
 _answer = st.text(alphabet=st.characters(blacklist_categories=["Cs"]), min_size=1, max_size=12)
 

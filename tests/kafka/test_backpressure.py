@@ -11,14 +11,14 @@ import pytest
 from aiokafka import TopicPartition
 from prometheus_client import CollectorRegistry
 
-from adapters.kafka_source import KafkaEventSource
-from monitor.canon import as_async, get_canonicalizer
+from adapters.kafka.source import KafkaEventSource
 from monitor.config import BudgetSettings, TaskSettings
-from monitor.events import TrafficEvent
-from monitor.metrics import Metrics
-from monitor.ports import Admission
-from monitor.service import MonitorService, TaskRuntime
-from monitor.stopping import get_stopping_rule
+from monitor.core.canon import as_async, get_canonicalizer
+from monitor.core.events import TrafficEvent
+from monitor.core.stopping import get_stopping_rule
+from monitor.engine.metrics import Metrics
+from monitor.engine.ports import Admission
+from monitor.engine.service import MonitorService, TaskRuntime
 from monitor.testing import FakeModelClient, InMemoryStore, ManualClock
 from tests.kafka import FAST_GROUP, committed, eventually, new_topic, produce, unique
 

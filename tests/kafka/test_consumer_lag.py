@@ -7,10 +7,10 @@ import asyncio
 from aiokafka import TopicPartition
 from prometheus_client import CollectorRegistry
 
-from adapters.kafka_source import KafkaEventSource
-from monitor.events import TrafficEvent
-from monitor.metrics import Metrics
-from monitor.ports import Admission
+from adapters.kafka.source import KafkaEventSource
+from monitor.core.events import TrafficEvent
+from monitor.engine.metrics import Metrics
+from monitor.engine.ports import Admission
 from tests.kafka import FAST_GROUP, event_bytes, eventually, new_topic, produce, unique
 
 

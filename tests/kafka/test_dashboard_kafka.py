@@ -16,7 +16,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from monitor.demo.model import QuestionBank, SimulatedModel
+from monitor.app.demo.model import QuestionBank, SimulatedModel
 from tests.deploy.test_dashboard import _stop, _wait_http, concrete, queries
 from tests.kafka import (
     arith_events,

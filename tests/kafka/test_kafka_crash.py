@@ -21,7 +21,7 @@ import pytest
 from aiohttp import web
 from aiokafka import AIOKafkaProducer, TopicPartition
 
-from monitor.demo.model import QuestionBank, SimulatedModel
+from monitor.app.demo.model import QuestionBank, SimulatedModel
 from tests.kafka import (
     arith_events,
     committed,

@@ -11,8 +11,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from monitor.app.runner import start_service
 from monitor.config import load_settings
-from monitor.runner import start_service
 from tests.kafka import new_topic, read_all, unique
 from tests.security import ModelThread
 

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from monitor.canon import get_canonicalizer
+from monitor.app.demo.model import QuestionBank, SimulatedModel, truth_of
+from monitor.app.runner import Running, start_service
 from monitor.config import load_settings
-from monitor.demo.model import QuestionBank, SimulatedModel, truth_of
-from monitor.runner import Running, start_service
+from monitor.core.canon import get_canonicalizer
 from tests.kafka import (
     arith_events,
     eventually,

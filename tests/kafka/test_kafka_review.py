@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from adapters.kafka_review import KafkaCalibrationStore, KafkaReviewQueue, durable_producer
-from adapters.kafka_verdicts import KafkaVerdictConsumer
-from monitor.errors import ConfigError
-from monitor.ports import CalibrationRecord, VerdictOutcome
-from monitor.review import ReviewItem, Verdict, verdict_score
+from adapters.kafka.review import KafkaCalibrationStore, KafkaReviewQueue, durable_producer
+from adapters.kafka.verdicts import KafkaVerdictConsumer
+from monitor.core.errors import ConfigError
+from monitor.core.review import ReviewItem, Verdict, verdict_score
+from monitor.engine.ports import CalibrationRecord, VerdictOutcome
 from tests.kafka import eventually, new_topic, produce, read_all, unique
 
 

@@ -39,10 +39,10 @@ from aiokafka.errors import KafkaError
 from aiokafka.helpers import create_ssl_context
 from prometheus_client.parser import text_string_to_metric_families
 
-from monitor.canon import get_canonicalizer
+from monitor.app.demo.model import QuestionBank, SimulatedModel, truth_of
+from monitor.app.runner import start_service
 from monitor.config import load_settings
-from monitor.demo.model import QuestionBank, SimulatedModel, truth_of
-from monitor.runner import start_service
+from monitor.core.canon import get_canonicalizer
 from tests.kafka import (
     FAST_GROUP,
     arith_events,
@@ -383,11 +383,11 @@ async def test_a_source_that_cannot_reconnect_logs_why(
     """The brokers' certificate is replaced by one from a CA relmon does not trust while
     it runs: the supervisor's restarts fail and one ``source_unreachable`` line says why;
     once the certificate is right again the source reconnects and takes events."""
-    from adapters.kafka_clients import client_options, connection_problem
-    from adapters.kafka_source import KafkaEventSource
+    from adapters.kafka.clients import client_options, connection_problem
+    from adapters.kafka.source import KafkaEventSource
+    from monitor.app.runner import supervise
     from monitor.config import KafkaSettings, KafkaTlsSettings
-    from monitor.ports import Admission
-    from monitor.runner import supervise
+    from monitor.engine.ports import Admission
     from tests.kafka import event_bytes, eventually, new_topic
 
     tls = tls_options(pki)

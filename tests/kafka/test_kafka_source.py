@@ -15,10 +15,10 @@ from aiokafka import TopicPartition
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adapters.kafka_source import KafkaEventSource, KafkaUnavailableError, parse_event_bytes
-from monitor.errors import InputError
-from monitor.events import TrafficEvent, parse_event
-from monitor.ports import Admission
+from adapters.kafka.source import KafkaEventSource, KafkaUnavailableError, parse_event_bytes
+from monitor.core.errors import InputError
+from monitor.core.events import TrafficEvent, parse_event
+from monitor.engine.ports import Admission
 from tests.kafka import (
     FAST_GROUP,
     committed,

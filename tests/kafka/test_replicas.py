@@ -21,9 +21,9 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
-from monitor.canon import get_canonicalizer
-from monitor.demo.model import QuestionBank, SimulatedModel, truth_of
-from monitor.sampler import sampled
+from monitor.app.demo.model import QuestionBank, SimulatedModel, truth_of
+from monitor.core.canon import get_canonicalizer
+from monitor.core.sampler import sampled
 from tests.kafka import committed, eventually, free_port, http_get, new_topic, produce, unique
 from tests.kafka.conftest import _wait_ready, spawn_broker, stop_broker
 

@@ -21,10 +21,10 @@ from aiokafka import AIOKafkaProducer
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from adapters.kafka_review import KafkaCalibrationStore, KafkaReviewQueue, durable_producer
-from adapters.kafka_verdicts import KafkaVerdictConsumer
-from monitor.review import ReviewItem, verdict_score
-from monitor.service import MonitorService
+from adapters.kafka.review import KafkaCalibrationStore, KafkaReviewQueue, durable_producer
+from adapters.kafka.verdicts import KafkaVerdictConsumer
+from monitor.core.review import ReviewItem, verdict_score
+from monitor.engine.service import MonitorService
 from monitor.testing import ManualClock
 from tests.http.test_restart_calibration import (
     CANDIDATES,

@@ -16,8 +16,8 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from prometheus_client.parser import text_string_to_metric_families
 
-from monitor.canon import get_canonicalizer
-from monitor.demo.model import QuestionBank, SimulatedModel, truth_of
+from monitor.app.demo.model import QuestionBank, SimulatedModel, truth_of
+from monitor.core.canon import get_canonicalizer
 from tests.kafka import (
     arith_events,
     free_port,

@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from adapters.kafka_source import KafkaEventSource
+from adapters.kafka.source import KafkaEventSource
+from monitor.app.runner import Running, start_service, supervise
 from monitor.config import load_settings
-from monitor.events import TrafficEvent
-from monitor.metrics import Metrics
-from monitor.ports import Admission
-from monitor.runner import Running, start_service, supervise
+from monitor.core.events import TrafficEvent
+from monitor.engine.metrics import Metrics
+from monitor.engine.ports import Admission
 from tests.kafka import (
     FAST_GROUP,
     event_bytes,

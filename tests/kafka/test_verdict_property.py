@@ -15,10 +15,10 @@ from aiokafka import AIOKafkaProducer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from adapters.kafka_review import KafkaCalibrationStore, durable_producer
-from adapters.kafka_verdicts import KafkaVerdictConsumer
-from monitor.ports import CalibrationRecord, VerdictOutcome
-from monitor.review import ReviewItem, Verdict, verdict_score
+from adapters.kafka.review import KafkaCalibrationStore, durable_producer
+from adapters.kafka.verdicts import KafkaVerdictConsumer
+from monitor.core.review import ReviewItem, Verdict, verdict_score
+from monitor.engine.ports import CalibrationRecord, VerdictOutcome
 from tests.kafka import eventually, new_topic, read_all
 
 pytestmark = pytest.mark.timeout(600)

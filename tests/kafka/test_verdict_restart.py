@@ -20,11 +20,11 @@ import pytest
 from aiokafka.errors import KafkaTimeoutError
 from prometheus_client import CollectorRegistry
 
-from adapters.kafka_review import KafkaCalibrationStore
-from adapters.kafka_verdicts import KafkaVerdictConsumer
-from monitor.metrics import TRAFFIC_DECISIONS, Metrics
-from monitor.review import ReviewItem
-from monitor.runner import Running, supervise
+from adapters.kafka.review import KafkaCalibrationStore
+from adapters.kafka.verdicts import KafkaVerdictConsumer
+from monitor.app.runner import Running, supervise
+from monitor.core.review import ReviewItem
+from monitor.engine.metrics import TRAFFIC_DECISIONS, Metrics
 from tests.kafka import (
     eventually,
     free_port,

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from adapters.openai_client import OpenAIClient
+from adapters.openai.client import OpenAIClient
 from tests.model.llama_server import LlamaServer
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -182,7 +182,7 @@ class FakeSleep:
 
 
 class FakeClock:
-    """A :class:`monitor.ports.Clock` that moves only when told to."""
+    """A :class:`monitor.engine.ports.Clock` that moves only when told to."""
 
     def __init__(self, start: float = 1_800_000_000.0) -> None:
         self.now = start

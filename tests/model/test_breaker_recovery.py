@@ -19,16 +19,16 @@ import yaml
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from adapters.http_metrics import MetricsServer
-from adapters.openai_client import OpenAIClient
-from monitor.canon import as_async, get_canonicalizer
+from adapters.http.metrics import MetricsServer
+from adapters.openai.client import OpenAIClient
+from monitor.app.runner import Running, build_task
 from monitor.config import BudgetSettings, TaskSettings, load_settings
-from monitor.errors import ModelCallError
-from monitor.events import parse_event
-from monitor.metrics import Metrics
-from monitor.runner import Running, build_task
-from monitor.service import MonitorService, TaskRuntime
-from monitor.stopping import get_stopping_rule
+from monitor.core.canon import as_async, get_canonicalizer
+from monitor.core.errors import ModelCallError
+from monitor.core.events import parse_event
+from monitor.core.stopping import get_stopping_rule
+from monitor.engine.metrics import Metrics
+from monitor.engine.service import MonitorService, TaskRuntime
 from monitor.testing import InMemoryStore
 from tests.model.conftest import Endpoint, completion
 

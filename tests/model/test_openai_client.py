@@ -12,7 +12,7 @@ from email.utils import format_datetime
 import pytest
 from aiohttp import web
 
-from adapters.openai_client import (
+from adapters.openai.client import (
     FORWARDED_FIELDS,
     OUTCOMES,
     OpenAIClient,
@@ -20,7 +20,7 @@ from adapters.openai_client import (
     parse_completion,
     parse_retry_after,
 )
-from monitor.errors import ConfigError, ModelCallError
+from monitor.core.errors import ConfigError, ModelCallError
 from tests.model.conftest import (
     ClientFactory,
     Endpoint,

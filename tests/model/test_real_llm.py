@@ -18,11 +18,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from adapters.openai_client import OpenAIClient
-from monitor.canon.base import INVALID
-from monitor.canon.registry import get_canonicalizer
-from monitor.consensus import count_classes, rank_classes
-from monitor.stopping import get_stopping_rule
+from adapters.openai.client import OpenAIClient
+from monitor.core.canon.base import INVALID
+from monitor.core.canon.registry import get_canonicalizer
+from monitor.core.consensus import count_classes, rank_classes
+from monitor.core.stopping import get_stopping_rule
 from tests.model.llama_server import LlamaServer, llama_server
 
 pytestmark = pytest.mark.slow
@@ -177,13 +177,13 @@ async def test_service_end_to_end_on_the_real_model(
 
     from prometheus_client import CollectorRegistry
 
-    from adapters.sqlite_store import SqliteStore
+    from adapters.sqlite.store import SqliteStore
+    from monitor.app.runner import build_task
     from monitor.config import BudgetSettings, TaskSettings
-    from monitor.events import parse_event
-    from monitor.metrics import Metrics
-    from monitor.review import Verdict
-    from monitor.runner import build_task
-    from monitor.service import MonitorService
+    from monitor.core.events import parse_event
+    from monitor.core.review import Verdict
+    from monitor.engine.metrics import Metrics
+    from monitor.engine.service import MonitorService
 
     questions = [*QUESTIONS, ("3 + 3", "6"), ("7 + 1", "8"), ("6 - 2", "4")]
     registry = CollectorRegistry()

@@ -14,9 +14,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from adapters.http_traffic import TrafficServer, _decoded
-from monitor.events import TrafficEvent
-from monitor.ports import Admission
+from adapters.http.traffic import TrafficServer, _decoded
+from monitor.core.events import TrafficEvent
+from monitor.engine.ports import Admission
 from tests.http.conftest import wait_until
 
 DEEP = b'{"choices": ' + b"[" * 50_000 + b"]" * 50_000 + b"}"

@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from adapters.kafka_source import parse_event_bytes
-from monitor.errors import InputError
-from monitor.events import is_text, parse_event, query_text
-from monitor.review import parse_verdict
+from adapters.kafka.source import parse_event_bytes
+from monitor.core.errors import InputError
+from monitor.core.events import is_text, parse_event, query_text
+from monitor.core.review import parse_verdict
 
 GOOD = {"id": "e1", "model": "m", "request": {"messages": [{"role": "user", "content": "q"}]}}
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from monitor.events import query_text
+from monitor.core.events import query_text
 from tests.security import (
     PROMPT,
     SECRETS,

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from schemathesis.generation.modes import GenerationMode
 from schemathesis.specs.openapi.checks import response_schema_conformance
 
-from adapters.http_openapi import openapi_document
+from adapters.http.openapi import openapi_document
 from tests.security import (
     PROMPT,
     TOKEN,

@@ -21,20 +21,21 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
-from adapters.canon_registry import get_async_canonicalizer
-from adapters.sqlite_store import SqliteStore
-from monitor.canon import INVALID, AsyncCanonicalizer, Canonicalizer, get_canonicalizer
-from monitor.config import BudgetSettings, TaskSettings, load_settings, validate_settings
-from monitor.consensus import Consensus
-from monitor.errors import ConfigError
-from monitor.events import TrafficEvent
-from monitor.logs import redact_secrets
-from monitor.metrics import Metrics
-from monitor.redaction import BUILTIN_RULES, Redactor, luhn_valid
-from monitor.review import ReviewItem, Verdict
-from monitor.runner import query_hash_key
-from monitor.service import MonitorService, TaskRuntime
-from monitor.stopping import get_stopping_rule
+from adapters.canon.registry import get_async_canonicalizer
+from adapters.sqlite.store import SqliteStore
+from monitor.app.logs import redact_secrets
+from monitor.app.runner import query_hash_key
+from monitor.app.validation import validate_settings
+from monitor.config import BudgetSettings, TaskSettings, load_settings
+from monitor.core.canon import INVALID, AsyncCanonicalizer, Canonicalizer, get_canonicalizer
+from monitor.core.consensus import Consensus
+from monitor.core.errors import ConfigError
+from monitor.core.events import TrafficEvent
+from monitor.core.redaction import BUILTIN_RULES, Redactor, luhn_valid
+from monitor.core.review import ReviewItem, Verdict
+from monitor.core.stopping import get_stopping_rule
+from monitor.engine.metrics import Metrics
+from monitor.engine.service import MonitorService, TaskRuntime
 from monitor.testing import FakeModelClient, InMemoryStore
 from tests.canon_io import HttpJudgeClient, JudgeServer
 from tests.security import PROMPT
@@ -286,7 +287,7 @@ def _assert_hidden(secret: str, where: str, text: str) -> None:
 @pytest.fixture(scope="module")
 def embedding() -> object:
     """The real offline embedding model, loaded once for the module (as tests/canon_io)."""
-    from adapters.embedding_canon import EmbeddingCanonicalizer
+    from adapters.canon.embedding import EmbeddingCanonicalizer
 
     canon = EmbeddingCanonicalizer()
     canon.group(["warm up"])

@@ -1,4 +1,4 @@
-"""``relmon simulate ...`` in-process through ``monitor.cli.main``."""
+"""``relmon simulate ...`` in-process through ``monitor.app.cli.main``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from monitor.cli import main
+from monitor.app.cli import main
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from monitor.simulate.agents import (
+from monitor.app.simulate.agents import (
     ACCEPTABLE,
     counts_to_mapping,
     dirichlet_items,
@@ -17,15 +17,15 @@ from monitor.simulate.agents import (
     draw_counts,
     rank_items,
 )
-from monitor.simulate.experiments import (
+from monitor.app.simulate.experiments import (
     run_canon,
     run_coverage,
     run_entropy,
     run_setsize,
     run_variance,
 )
-from monitor.simulate.mode_error import hoeffding_mode_bound
-from monitor.simulate.sequential import GRID, describe_distribution, run_stopping
+from monitor.app.simulate.mode_error import hoeffding_mode_bound
+from monitor.app.simulate.sequential import GRID, describe_distribution, run_stopping
 
 
 def _json(result: Any) -> Any:
@@ -152,7 +152,7 @@ def test_canonicalization_reduces_mode_error_with_injected_canonicalizer() -> No
 
 
 def test_canonicalization_with_the_numeric_canonicalizer() -> None:
-    pytest.importorskip("monitor.canon.registry")
+    pytest.importorskip("monitor.core.canon.registry")
     result = run_canon(np.random.default_rng(7), ks=(10,), trials=2000)
     assert result.p_canon == pytest.approx(0.6), result.mapping
     assert result.canon_error[0] < result.raw_error[0]

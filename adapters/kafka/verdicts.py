@@ -1,0 +1,380 @@
+"""Verdicts from Kafka for every replica: :class:`KafkaVerdictConsumer`.
+
+It follows the review topic, the verdict topic and the verdicts' dead-letter topic from
+where :class:`adapters.kafka.review.KafkaCalibrationStore` stopped its replay, with no
+consumer group and no commits (the topics are the durable state and every start replays
+them), so every replica sees every review item and every verdict. The rules for waiting
+verdicts and dead letters are in :mod:`adapters.kafka.review`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import structlog
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.errors import KafkaError
+
+from adapters.kafka.review import (
+    TOO_DEEP,
+    KafkaCalibrationStore,
+    KafkaReviewQueue,
+    log_position,
+    review_item_of,
+)
+from adapters.kafka.source import (
+    CLIENT_OPTION_KEYS,
+    CONNECT_ERRORS,
+    METADATA_MAX_AGE_MS,
+    ConsumerLag,
+    KafkaUnavailableError,
+    close_clients,
+    dead_letter_headers,
+    has_live_connection,
+)
+from monitor.core.errors import ConfigError, InputError
+from monitor.core.review import ReviewItem, Verdict, parse_verdict
+from monitor.engine.ports import VerdictHandler
+
+__all__ = ["KafkaVerdictConsumer"]
+
+log = structlog.get_logger(__name__)
+
+_POLL_MS = 250
+_REFRESH_S = 30.0
+_REFRESH_MISSING_S = 1.0
+
+
+@dataclass
+class _Waiting:
+    record: Any
+    verdict: Verdict
+    deadline: float
+
+
+class KafkaVerdictConsumer:
+    """Follows the review, verdict and dead-letter topics of ``store`` after its replay.
+
+    Every replica reads every record (no consumer group, nothing committed). In each
+    fetch, review items are taken first (new ones go to ``store``, ``on_item`` and
+    ``review_queue``), then dead letters, then verdicts, in partition order:
+
+    - a verdict already dead-lettered (by this or another replica): skipped;
+    - malformed: to the dead-letter topic at once, ``reject("invalid", reason)``;
+    - its review item known: ``handler(verdict)``;
+    - else it waits up to ``wait_s`` for the item (then handled in order with the
+      item's other verdicts); after that it goes to the dead-letter topic with the
+      reason ``no review item ... within N s``, ``reject("unknown", reason)``.
+
+    Verdicts still waiting at :meth:`stop` are not lost: the next start replays them.
+
+    After :meth:`run` failed (a dead-letter write the broker did not acknowledge, a
+    failed read), :meth:`restart` connects again and goes on from the first record not
+    handled yet: the waiting verdicts keep waiting, and the dead letters whose write
+    failed are written first, so nothing is handled twice and nothing is skipped.
+    """
+
+    source_name = "verdicts"
+
+    def __init__(
+        self,
+        store: KafkaCalibrationStore,
+        handler: VerdictHandler,
+        reject: Callable[[str, str], None],
+        *,
+        wait_s: float = 30.0,
+        review_queue: KafkaReviewQueue | None = None,
+        on_item: Callable[[ReviewItem], None] | None = None,
+        producer_options: Mapping[str, Any] | None = None,
+        lag_gauge: Any = None,
+        lag_interval_s: float = 5.0,
+    ) -> None:
+        if store.dead_letter_topic is None:
+            raise ConfigError("the verdict consumer needs the store's dead_letter_topic")
+        if wait_s <= 0:
+            raise ConfigError("wait_s must be positive")
+        self._store = store
+        self._dlq_topic: str = store.dead_letter_topic
+        self._handler = handler
+        self._reject = reject
+        self._wait_s = wait_s
+        self._queue = review_queue
+        self._on_item = on_item
+        options = dict(store.consumer_options)
+        for key in ("group_id", "enable_auto_commit", "auto_offset_reset"):
+            options.pop(key, None)
+        options.setdefault("metadata_max_age_ms", METADATA_MAX_AGE_MS)
+        self._consumer_options = options
+        shared = {k: v for k, v in options.items() if k in CLIENT_OPTION_KEYS}
+        self._producer_options = {**shared, **(producer_options or {})}
+        self._consumer: Any = None
+        self._producer: Any = None
+        self._next: dict[TopicPartition, int] = {}
+        self._assigned: frozenset[TopicPartition] = frozenset()
+        self._waiting: dict[str, list[_Waiting]] = {}
+        self._undelivered: list[tuple[Any, str, str]] = []
+        """Dead letters not written yet (record, reason, kind): tried at the next run."""
+        self._stopping = asyncio.Event()
+        self._run_exited = asyncio.Event()
+        self._run_exited.set()
+        self._failure: KafkaUnavailableError | None = None
+        self._closed = False
+        self.dead_letters = 0
+        """Verdicts this consumer dead-lettered (for tests and logs)."""
+        self.restarts = 0
+        """How often :meth:`restart` connected again after a failure."""
+        self.lag = ConsumerLag(lag_gauge, lag_interval_s, self._next_offset)
+
+    @property
+    def waiting(self) -> int:
+        """Verdicts waiting for their review item."""
+        return sum(len(w) for w in self._waiting.values())
+
+    async def start(self) -> None:
+        """Connect, and take over the store's replay: its positions and leftovers."""
+        if self._consumer is not None:
+            raise RuntimeError("KafkaVerdictConsumer already started")
+        self._next = dict(self._store.positions)
+        await self._connect()
+        deadline = asyncio.get_running_loop().time() + self._wait_s
+        for record, verdict in self._store.waiting:
+            self._park(record, verdict, deadline)
+        self._store.waiting.clear()
+        log.info("kafka.started", topic=",".join(self._store.topics), group=None)
+
+    async def restart(self) -> None:
+        """After :meth:`run` failed: drop the clients and connect again, keeping the
+        positions, the waiting verdicts and the dead letters not written yet; the next
+        :meth:`run` goes on from the first record not handled."""
+        if self._closed:
+            raise RuntimeError("KafkaVerdictConsumer is stopped")
+        await self._close_clients()
+        self._consumer = self._producer = None
+        self._assigned = frozenset()
+        self._failure = None
+        self.lag.export({})
+        self.restarts += 1
+        await self._connect()
+        if self.stopped:  # stopped while connecting: stop() closed the old clients only
+            await self._close_clients()
+
+    @property
+    def stopped(self) -> bool:
+        """:meth:`stop` was called."""
+        return self._closed
+
+    async def _connect(self) -> None:
+        """Start the clients and assign the partitions at ``_next``."""
+        self._consumer = AIOKafkaConsumer(
+            bootstrap_servers=self._store.bootstrap_servers,
+            group_id=None,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            **self._consumer_options,
+        )
+        self._producer = AIOKafkaProducer(
+            bootstrap_servers=self._store.bootstrap_servers,
+            **{**self._producer_options, "acks": "all", "enable_idempotence": False},
+        )
+        try:
+            await self._consumer.start()
+            await self._producer.start()
+            await self._assign()
+        except CONNECT_ERRORS as exc:
+            await self._close_clients()
+            self._consumer = self._producer = None
+            self._assigned = frozenset()
+            raise KafkaUnavailableError(
+                f"cannot reach Kafka at {self._store.bootstrap_servers}: {type(exc).__name__}"
+            ) from exc
+
+    async def run(self) -> None:
+        """Follow the topics until :meth:`stop`; raises :class:`KafkaUnavailableError`."""
+        consumer = self._consumer
+        if self._stopping.is_set():
+            return  # stopped before it ran
+        if consumer is None:
+            raise RuntimeError("KafkaVerdictConsumer is not started")
+        loop = asyncio.get_running_loop()
+        self._run_exited.clear()
+        order = {t: i for i, t in enumerate(self._store.topics)}
+        next_refresh = loop.time() + _REFRESH_S
+        lag_task = asyncio.create_task(self.lag.loop(consumer, self._store.verdict_topic))
+        try:
+            unreadable, self._store.unreadable = self._store.unreadable, []
+            undelivered, self._undelivered = self._undelivered, []
+            undelivered += [(record, reason, "invalid") for record, reason in unreadable]
+            for record, reason, kind in undelivered:
+                await self._dead_letter(record, reason, kind)
+            while not self._stopping.is_set():
+                if self._failure is not None:
+                    raise self._failure
+                if loop.time() >= next_refresh:
+                    await self._assign()
+                    missing = len({tp.topic for tp in self._assigned}) < len(order)
+                    next_refresh = loop.time() + (_REFRESH_MISSING_S if missing else _REFRESH_S)
+                batch = await consumer.getmany(timeout_ms=_POLL_MS)
+                for tp in sorted(batch, key=lambda tp: (order.get(tp.topic, 9), tp.partition)):
+                    for record in batch[tp]:
+                        self._next[tp] = record.offset + 1
+                        await self._dispatch(record)
+                await self._expire(loop.time())
+            if self._failure is not None:
+                raise self._failure
+        except KafkaError as exc:
+            raise KafkaUnavailableError(
+                f"following {', '.join(self._store.topics)} failed: {type(exc).__name__}"
+            ) from exc
+        finally:
+            lag_task.cancel()
+            await asyncio.wait({lag_task})
+            self._run_exited.set()
+
+    async def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop following (verdicts still waiting are replayed at the next start)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stopping.set()
+        try:
+            await asyncio.wait_for(self._run_exited.wait(), timeout_s)
+        except TimeoutError:
+            log.warning("kafka.stop_timeout", topic=self._store.verdict_topic)
+        await self._close_clients()
+        self.lag.export({})
+        if self._waiting or self._undelivered:  # both replayed at the next start
+            log.info(
+                "kafka.verdicts_left_waiting",
+                verdicts=self.waiting,
+                dead_letters_not_written=len(self._undelivered),
+            )
+        log.info("kafka.stopped", topic=",".join(self._store.topics), group=None)
+
+    @property
+    def topic(self) -> str:
+        return ",".join(self._store.topics)
+
+    def _next_offset(self, tp: TopicPartition) -> int | None:
+        """The first record of ``tp`` not handled yet (``_next`` is replaced at start)."""
+        return self._next.get(tp)
+
+    @property
+    def connected(self) -> bool:
+        """Started, not stopped or failed, and holding a live broker connection."""
+        if self._consumer is None or self._closed or self._failure is not None:
+            return False
+        return has_live_connection(self._consumer)
+
+    async def _assign(self) -> None:
+        """Assign every partition of the topics (new topics and partitions included)."""
+        consumer = self._consumer
+        await consumer.topics()  # refresh metadata without creating topics
+        tps = frozenset(
+            TopicPartition(topic, p)
+            for topic in self._store.topics
+            for p in consumer.partitions_for_topic(topic) or ()
+        )
+        if tps == self._assigned:
+            return
+        consumer.assign(sorted(tps))
+        for tp in tps:
+            # 0 is below the log start after retention: auto_offset_reset moves it up
+            consumer.seek(tp, self._next.get(tp, 0))
+        self._assigned = tps
+
+    async def _dispatch(self, record: Any) -> None:
+        store = self._store
+        if record.topic == store.review_topic:
+            item = review_item_of(record)
+            if item is None:
+                store.invalid_records += 1
+                log.warning("kafka.invalid_review_item", offset=record.offset)
+                return
+            if store.add_item(item):
+                if self._on_item is not None:
+                    self._on_item(item)
+                if self._queue is not None:
+                    self._queue.item_seen(item.item_id)
+            for waiting in self._waiting.pop(item.item_id, ()):
+                await self._apply(waiting.verdict)
+            return
+        if record.topic == self._dlq_topic:
+            store.note_dead_letter(record)
+        if record.topic != store.verdict_topic or store.is_dead_lettered(record):
+            return
+        try:
+            # Its place in the log is its order in the calibration window (as on replay).
+            verdict = replace(parse_verdict(record.value), position=log_position(record))
+        except InputError as exc:
+            await self._dead_letter(record, str(exc), "invalid")
+            return
+        except RecursionError:  # parse_verdict lets json's nesting limit through
+            await self._dead_letter(record, TOO_DEEP, "invalid")
+            return
+        if verdict.item_id in self._waiting or not store.has_review_item(verdict.item_id):
+            deadline = asyncio.get_running_loop().time() + self._wait_s
+            self._park(record, verdict, deadline)
+            return
+        await self._apply(verdict)
+
+    def _park(self, record: Any, verdict: Verdict, deadline: float) -> None:
+        self._waiting.setdefault(verdict.item_id, []).append(_Waiting(record, verdict, deadline))
+
+    async def _apply(self, verdict: Verdict) -> None:
+        outcome = await self._handler(verdict)
+        if self._queue is not None and outcome.status in ("applied", "duplicate"):
+            self._queue.verdict_seen(verdict.item_id)
+
+    async def _expire(self, now: float) -> None:
+        for item_id in [i for i, ws in self._waiting.items() if ws[0].deadline <= now]:
+            waiting = self._waiting.pop(item_id)
+            keep = [w for w in waiting if w.deadline > now]
+            if keep:
+                self._waiting[item_id] = keep
+            for w in waiting:
+                if w.deadline <= now:
+                    reason = f"no review item {w.verdict.item_id!r} within {self._wait_s:g} s"
+                    await self._dead_letter(w.record, reason, "unknown")
+
+    async def _dead_letter(self, record: Any, reason: str, kind: str) -> None:
+        """Produce a refused verdict to the dead-letter topic (acknowledged), count it.
+
+        If the write fails, :meth:`run` fails at its next step and this dead letter and
+        those after it are kept for the run after :meth:`restart`.
+        """
+        if self._failure is not None:
+            self._undelivered.append((record, reason, kind))
+            return
+        headers = dead_letter_headers(
+            reason, record.topic, record.partition, record.offset, "verdicts"
+        )
+        key = record.key
+        if key is None and record.value is None:
+            key = b""  # a tombstone: Kafka needs a key or a value
+        try:
+            await self._producer.send_and_wait(
+                self._dlq_topic, value=record.value, key=key, headers=headers
+            )
+        except KafkaError as exc:
+            message = f"dead-letter send to {self._dlq_topic} failed: {type(exc).__name__}"
+            log.error("kafka.failed", topic=self._store.verdict_topic, error=message)
+            self._failure = KafkaUnavailableError(message)
+            self._undelivered.append((record, reason, kind))
+            return
+        self._store.mark_dead_lettered(record.partition, record.offset)
+        self.dead_letters += 1
+        self._reject(kind, reason)
+        log.warning(
+            "kafka.dead_letter",
+            stream="verdicts",
+            topic=record.topic,
+            partition=record.partition,
+            offset=record.offset,
+            reason=reason[:300],
+        )
+
+    async def _close_clients(self) -> None:
+        await close_clients((self._consumer, self._producer), self._store.verdict_topic)

@@ -1,0 +1,3 @@
+"""The OpenAI-compatible model API client."""
+
+__all__: list[str] = []

@@ -1,0 +1,542 @@
+"""An OpenAI-compatible chat-completions client for re-asking the monitored model.
+
+:class:`OpenAIClient` implements :class:`monitor.engine.ports.ModelClient` with aiohttp: one
+pooled session per endpoint, bounded concurrency, an optional token-bucket rate limit,
+retries with jittered exponential backoff, a circuit breaker, and a hard cap on the
+size of a response. Every aiohttp or OS error is translated into
+:class:`~monitor.core.errors.ModelCallError` here; nothing above this module sees aiohttp.
+
+What is sent (:func:`build_body`)
+    The original request's ``messages`` plus the fields in :data:`FORWARDED_FIELDS`
+    (``top_p``, ``stop``, ``response_format``, ``presence_penalty``,
+    ``frequency_penalty``) — the ones that shape the answer the same way for every
+    sample. ``model``, ``temperature`` and ``max_tokens`` are the client's. Everything
+    else is dropped, notably ``stream`` (never streamed), ``n`` (the client decides),
+    ``seed`` (K samples with one seed would all be the same), ``tools``/``functions``
+    (a tool call is not an answer to canonicalize), ``logprobs``, ``user``, ``store``
+    and ``metadata`` (not ours to resend).
+
+Outcomes
+    ``on_outcome`` is called once per HTTP call (and once per call refused by the open
+    circuit) with one of :data:`OUTCOMES`: ``ok``; ``timeout`` (the client's timeout,
+    or HTTP 408); ``rate_limited`` (429); ``server_error`` (5xx); ``client_error``
+    (other 4xx, or a redirect, which is never followed so the key cannot leak);
+    ``invalid_response`` (a 2xx body that is not JSON, has the wrong shape, lacks
+    ``choices[i].message.content``, has non-string content, or is over
+    ``max_response_bytes``); ``connection_error``; ``circuit_open``.
+
+Retries
+    Per outcome, each with its own count (``retries``, see :data:`RETRY_KINDS`):
+    ``error`` (server_error and connection_error), ``timeout``, ``rate_limited`` (each
+    ``max_retries`` by default) and ``invalid`` (invalid_response,
+    :data:`DEFAULT_INVALID_RETRIES` by default: a proxy hiccup can garble a body or two).
+    A retry waits ``d/2 + U(0, d/2)`` with ``d = min(backoff_max_s, backoff_base_s *
+    2**attempt)`` (``attempt`` counts every retry of the call); a 429 or 503 with
+    ``Retry-After`` (delta-seconds or an HTTP-date) waits that long instead, capped at
+    ``backoff_max_s``. An exhausted ``invalid`` gives
+    ``ModelCallError(retriable=False)``; the others ``ModelCallError(retriable=True)``.
+    ``client_error`` is never retried (``retriable=False``, ``status`` set).
+
+``content: null`` (a refusal or a tool call)
+    is the answer ``""``: the model did answer, just not in text, and the canonicalizer
+    maps ``""`` to INVALID. Retrying it instead would bias the sample towards non-refusals.
+
+Circuit breaker
+    After ``breaker_threshold`` consecutive failed calls (timeouts, 429, 5xx,
+    connection errors, invalid responses; a 4xx shows the endpoint is up and counts
+    as a success) the circuit opens: calls fail at once with outcome ``circuit_open``
+    and ``ModelCallError(retriable=True)``, without touching the network. After
+    ``breaker_cooldown_s`` one trial call goes through (half-open); its success closes
+    the circuit, its failure opens it for another cooldown. While the circuit is not
+    closed, ``sample`` sends the first call of a batch alone and the rest only after it
+    succeeded: a trial sent with parallel siblings would be cancelled by their
+    ``circuit_open`` failures and the circuit would never close. The service sets both
+    from a task's ``endpoint.circuit_breaker`` (``failures``, ``cooldown_s``).
+
+``sample(request, n)`` returns exactly ``n`` texts or raises: with ``supports_n`` one
+request asks for ``n`` choices (missing choices, e.g. from a server that ignores ``n``,
+are topped up with single calls); otherwise ``n`` single calls run in parallel, bounded
+by ``concurrency``, and the first that fails for good cancels the rest. The caller
+abandons the item: partial samples are never returned. The API key is sent as a
+Bearer token and never appears in a message, a repr or a log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections.abc import Awaitable, Callable, Mapping
+from email.utils import parsedate_to_datetime
+from typing import Any, Final, Literal, get_args
+
+import aiohttp
+
+from monitor.core.errors import ConfigError, ModelCallError
+from monitor.engine.ports import Clock, SystemClock
+
+__all__ = [
+    "DEFAULT_INVALID_RETRIES",
+    "FORWARDED_FIELDS",
+    "OUTCOMES",
+    "RETRY_KINDS",
+    "OpenAIClient",
+    "Outcome",
+    "build_body",
+    "parse_completion",
+    "parse_retry_after",
+]
+
+Outcome = Literal[
+    "ok",
+    "timeout",
+    "rate_limited",
+    "server_error",
+    "client_error",
+    "invalid_response",
+    "connection_error",
+    "circuit_open",
+]
+OUTCOMES: Final[tuple[Outcome, ...]] = get_args(Outcome)
+"""Every outcome, in a fixed order (for pre-creating metric label values)."""
+FORWARDED_FIELDS: Final = frozenset(
+    {"top_p", "stop", "response_format", "presence_penalty", "frequency_penalty"}
+)
+"""Request fields resent besides ``messages`` (see the module docstring)."""
+
+_RETRIABLE: Final = frozenset({"timeout", "rate_limited", "server_error", "connection_error"})
+RETRY_KINDS: Final = ("error", "timeout", "rate_limited", "invalid")
+"""The keys of ``retries``: which failed outcomes each retry budget covers."""
+_RETRY_KIND: Final[dict[str, str]] = {
+    "server_error": "error",
+    "connection_error": "error",
+    "timeout": "timeout",
+    "rate_limited": "rate_limited",
+    "invalid_response": "invalid",
+}
+DEFAULT_INVALID_RETRIES: Final = 2
+_CHUNK: Final = 65536
+
+
+def build_body(
+    request: Mapping[str, Any], *, model: str, temperature: float, max_tokens: int
+) -> dict[str, Any]:
+    """The request body sent for ``request`` (``n`` is added per call).
+
+    Raises :class:`ModelCallError` (not retriable) when ``messages`` is not a non-empty list.
+    """
+    messages = request.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ModelCallError("request has no non-empty 'messages' list", retriable=False)
+    body: dict[str, Any] = {"messages": messages}
+    body.update({k: request[k] for k in sorted(FORWARDED_FIELDS) if request.get(k) is not None})
+    body.update(model=model, temperature=temperature, max_tokens=max_tokens, stream=False)
+    return body
+
+
+def parse_completion(raw: bytes) -> list[str]:
+    """The texts of the choices of a chat-completion body, in order.
+
+    ``content: null`` gives ``""``. Raises :class:`ValueError` with a short reason (never
+    the body itself) for anything that is not a well-formed completion.
+    """
+    try:
+        obj = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise ValueError("body is not JSON") from None
+    choices = obj.get("choices") if isinstance(obj, dict) else None
+    if not isinstance(choices, list) or not choices:
+        raise ValueError("body has no non-empty 'choices' list")
+    texts: list[str] = []
+    for choice in choices:
+        message = choice.get("message") if isinstance(choice, dict) else None
+        if not isinstance(message, dict) or "content" not in message:
+            raise ValueError("a choice has no 'message.content'")
+        content = message["content"]
+        if content is None:
+            texts.append("")
+        elif isinstance(content, str):
+            texts.append(content)
+        else:
+            raise ValueError(f"a choice's content is a {type(content).__name__}, not a string")
+    return texts
+
+
+def parse_retry_after(value: str | None, now: float) -> float | None:
+    """Seconds to wait from a ``Retry-After`` header (delta-seconds or HTTP-date).
+
+    ``now`` is the wall-clock time (epoch seconds) for HTTP-dates. ``None`` if absent or
+    unreadable; never negative.
+    """
+    if value is None:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:  # an HTTP-date is always GMT
+        return None
+    return max(0.0, when.timestamp() - now)
+
+
+class _CallError(Exception):
+    """One HTTP call that did not give completions (internal)."""
+
+    def __init__(
+        self,
+        outcome: Outcome,
+        message: str,
+        *,
+        status: int | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.outcome: Outcome = outcome
+        self.status = status
+        self.retry_after = retry_after
+
+
+class _Breaker:
+    """Consecutive-failure circuit breaker with a single half-open trial."""
+
+    def __init__(self, threshold: int, cooldown_s: float, clock: Clock) -> None:
+        self._threshold = threshold
+        self._cooldown_s = cooldown_s
+        self._clock = clock
+        self._failures = 0
+        self._opened_at: float | None = None
+        self._trial_busy = False
+
+    @property
+    def state(self) -> Literal["closed", "open", "half_open"]:
+        if self._opened_at is None:
+            return "closed"
+        if self._trial_busy or self._clock.monotonic() - self._opened_at >= self._cooldown_s:
+            return "half_open"
+        return "open"
+
+    def admit(self) -> tuple[bool, bool]:
+        """(allowed, is_trial)."""
+        if self._opened_at is None:
+            return True, False
+        if self._trial_busy or self._clock.monotonic() - self._opened_at < self._cooldown_s:
+            return False, False
+        self._trial_busy = True
+        return True, True
+
+    def record(self, ok: bool, trial: bool) -> None:
+        if trial:
+            self._trial_busy = False
+        if ok:
+            self._failures = 0
+            self._opened_at = None
+            return
+        self._failures += 1
+        if trial or self._failures >= self._threshold:
+            self._opened_at = self._clock.monotonic()
+
+    def release(self, trial: bool) -> None:
+        """A call ended without a result (cancelled): free the trial slot."""
+        if trial:
+            self._trial_busy = False
+
+
+class _TokenBucket:
+    """Reservation-based token bucket: ``rate`` per second, bursts up to max(1, rate)."""
+
+    def __init__(self, rate: float, clock: Clock) -> None:
+        self._rate = rate
+        self._capacity = max(1.0, rate)
+        self._tokens = self._capacity
+        self._clock = clock
+        self._stamp: float | None = None
+
+    def reserve(self) -> float:
+        """Take a token; the seconds to wait before using it."""
+        now = self._clock.monotonic()
+        elapsed = 0.0 if self._stamp is None else now - self._stamp
+        self._stamp = now
+        self._tokens = min(self._capacity, self._tokens + elapsed * self._rate) - 1.0
+        return 0.0 if self._tokens >= 0 else -self._tokens / self._rate
+
+
+class OpenAIClient:
+    """A :class:`~monitor.engine.ports.ModelClient` for one OpenAI-compatible endpoint."""
+
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        model: str,
+        api_key: str | None = None,
+        temperature: float = 1.0,
+        max_tokens: int = 512,
+        timeout_s: float = 60.0,
+        concurrency: int = 8,
+        rate_limit_per_s: float | None = None,
+        supports_n: bool = False,
+        max_retries: int = 3,
+        retries: Mapping[str, int] | None = None,
+        backoff_base_s: float = 0.5,
+        backoff_max_s: float = 30.0,
+        breaker_threshold: int = 5,
+        breaker_cooldown_s: float = 30.0,
+        max_response_bytes: int = 4 * 1024 * 1024,
+        on_outcome: Callable[[str], None] | None = None,
+        sleep: Callable[[float], Awaitable[None]] | None = None,
+        clock: Clock | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        if not base_url.startswith(("http://", "https://")):
+            raise ConfigError("base_url must start with http:// or https://")
+        if not model:
+            raise ConfigError("model must be a non-empty string")
+        checks = {
+            "temperature >= 0": temperature >= 0,
+            "max_tokens >= 1": max_tokens >= 1,
+            "timeout_s > 0": timeout_s > 0,
+            "concurrency >= 1": concurrency >= 1,
+            "rate_limit_per_s > 0": rate_limit_per_s is None or rate_limit_per_s > 0,
+            "max_retries >= 0": max_retries >= 0,
+            "backoff_base_s >= 0": backoff_base_s >= 0,
+            "backoff_max_s >= backoff_base_s": backoff_max_s >= backoff_base_s,
+            "breaker_threshold >= 1": breaker_threshold >= 1,
+            "breaker_cooldown_s >= 0": breaker_cooldown_s >= 0,
+            "max_response_bytes >= 1": max_response_bytes >= 1,
+        }
+        limits = {k: max_retries for k in RETRY_KINDS} | {"invalid": DEFAULT_INVALID_RETRIES}
+        for kind, count in (retries or {}).items():
+            checks[f"retries keys in {', '.join(RETRY_KINDS)}"] = kind in RETRY_KINDS
+            checks[f"retries.{kind} >= 0"] = isinstance(count, int) and count >= 0
+            limits[kind] = count
+        failed = [name for name, ok in checks.items() if not ok]
+        if failed:
+            raise ConfigError(f"OpenAIClient: need {', '.join(failed)}")
+        self._retries = limits
+        self._url = base_url.rstrip("/") + "/chat/completions"
+        self._base_url = base_url
+        self._model = model
+        self._api_key = api_key
+        self._temperature = float(temperature)
+        self._max_tokens = int(max_tokens)
+        self._timeout_s = float(timeout_s)
+        self._concurrency = int(concurrency)
+        self._supports_n = supports_n
+        self._backoff_base_s = float(backoff_base_s)
+        self._backoff_max_s = float(backoff_max_s)
+        self._max_response_bytes = int(max_response_bytes)
+        self._on_outcome = on_outcome
+        self._sleep = sleep if sleep is not None else asyncio.sleep
+        self._clock: Clock = clock if clock is not None else SystemClock()
+        self._rng = rng if rng is not None else random.Random()
+        self._slots = asyncio.Semaphore(self._concurrency)
+        self._bucket = (
+            _TokenBucket(rate_limit_per_s, self._clock) if rate_limit_per_s is not None else None
+        )
+        self._breaker = _Breaker(breaker_threshold, float(breaker_cooldown_s), self._clock)
+        self._session: aiohttp.ClientSession | None = None
+        self._closed = False
+
+    def __repr__(self) -> str:
+        key = "'***'" if self._api_key else "None"
+        return f"OpenAIClient(base_url={self._base_url!r}, model={self._model!r}, api_key={key})"
+
+    @property
+    def circuit_state(self) -> Literal["closed", "open", "half_open"]:
+        """The breaker's state (``half_open``: the next call is the trial)."""
+        return self._breaker.state
+
+    async def __aenter__(self) -> OpenAIClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the connection pool. Idempotent; later calls raise ModelCallError."""
+        self._closed = True
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+
+    async def sample(self, request: Mapping[str, Any], n: int) -> list[str]:
+        """``n`` completion texts for ``request``; :class:`ModelCallError` if any call fails."""
+        if n < 0:
+            raise ValueError(f"n must be >= 0, got {n}")
+        if n == 0:
+            return []
+        body = build_body(
+            request, model=self._model, temperature=self._temperature, max_tokens=self._max_tokens
+        )
+        texts: list[str] = []
+        if self._supports_n and n > 1:
+            texts = (await self._call(_encode({**body, "n": n})))[:n]
+        rest = n - len(texts)
+        if rest == 0:
+            return texts
+        single = _encode(body)
+        if self._breaker.state != "closed":
+            # Open or half-open: one call goes alone (the trial, once the cool-down is
+            # over). Sent with siblings, their immediate circuit_open failures would
+            # cancel it, and the circuit would never close again.
+            texts = texts + (await self._call(single))[:1]
+            rest -= 1
+        if rest == 0:
+            return texts
+        if rest == 1:
+            return texts + (await self._call(single))[:1]
+        try:
+            async with asyncio.TaskGroup() as group:
+                tasks = [group.create_task(self._call(single)) for _ in range(rest)]
+        except BaseExceptionGroup as eg:
+            raise _first_model_error(eg) from None
+        return texts + [task.result()[0] for task in tasks]
+
+    async def _call(self, payload: bytes) -> list[str]:
+        """One logical call with retries: the choices' texts, or ModelCallError."""
+        attempt = 0
+        used = dict.fromkeys(RETRY_KINDS, 0)
+        while True:
+            try:
+                return await self._attempt(payload)
+            except _CallError as failed:
+                if failed.outcome == "circuit_open":
+                    raise ModelCallError(str(failed), retriable=True) from None
+                kind = _RETRY_KIND.get(failed.outcome)
+                retry = kind is not None and used[kind] < self._retries[kind]
+                if kind is not None:
+                    used[kind] += 1
+                if not retry:
+                    tries = f" after {attempt + 1} attempts" if attempt else ""
+                    raise ModelCallError(
+                        f"model call failed{tries}: {failed}",
+                        retriable=failed.outcome in _RETRIABLE,
+                        status=failed.status,
+                    ) from None
+                delay = self._backoff(attempt, failed.retry_after)
+                attempt += 1
+                await self._sleep(delay)
+
+    def _backoff(self, attempt: int, retry_after: float | None) -> float:
+        if retry_after is not None:
+            return min(retry_after, self._backoff_max_s)
+        cap = min(self._backoff_max_s, self._backoff_base_s * 2.0 ** min(attempt, 60))
+        return cap / 2 + self._rng.uniform(0.0, cap / 2)
+
+    async def _attempt(self, payload: bytes) -> list[str]:
+        """One HTTP call through the breaker, the concurrency slots and the rate limit."""
+        allowed, trial = self._breaker.admit()
+        if not allowed:
+            self._report("circuit_open")
+            raise _CallError("circuit_open", "circuit open: endpoint failing, not called")
+        try:
+            async with self._slots:
+                if self._bucket is not None:
+                    wait = self._bucket.reserve()
+                    if wait > 0:
+                        await self._sleep(wait)
+                texts = await self._post(payload)
+        except _CallError as failed:
+            self._breaker.record(failed.outcome == "client_error", trial)
+            self._report(failed.outcome)
+            raise
+        except BaseException:
+            self._breaker.release(trial)
+            raise
+        self._breaker.record(True, trial)
+        self._report("ok")
+        return texts
+
+    def _report(self, outcome: Outcome) -> None:
+        if self._on_outcome is not None:
+            self._on_outcome(outcome)
+
+    def _get_session(self) -> aiohttp.ClientSession:
+        if self._closed:
+            raise ModelCallError("model client is closed", retriable=False)
+        if self._session is None:
+            headers = {"Content-Type": "application/json", "Accept": "application/json"}
+            if self._api_key:
+                headers["Authorization"] = f"Bearer {self._api_key}"
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self._concurrency),
+                timeout=aiohttp.ClientTimeout(total=self._timeout_s),
+                headers=headers,
+            )
+        return self._session
+
+    async def _post(self, payload: bytes) -> list[str]:
+        session = self._get_session()
+        try:
+            async with session.post(self._url, data=payload, allow_redirects=False) as resp:
+                if not 200 <= resp.status < 300:
+                    raise self._status_failure(resp)
+                raw = await self._read_limited(resp)
+        except _CallError:
+            raise
+        except TimeoutError:
+            raise _CallError("timeout", f"no response within {self._timeout_s:g} s") from None
+        except (aiohttp.ClientError, OSError) as exc:
+            raise _CallError(
+                "connection_error", f"connection error ({type(exc).__name__})"
+            ) from None
+        try:
+            return parse_completion(raw)
+        except ValueError as exc:
+            raise _CallError("invalid_response", f"invalid response: {exc}") from None
+
+    def _status_failure(self, resp: aiohttp.ClientResponse) -> _CallError:
+        status = resp.status
+        if status in (429, 503):
+            retry_after = parse_retry_after(resp.headers.get("Retry-After"), self._clock.time())
+        else:
+            retry_after = None
+        if status == 429:
+            return _CallError("rate_limited", "HTTP 429", status=status, retry_after=retry_after)
+        if status == 408:
+            return _CallError("timeout", "HTTP 408", status=status)
+        if status >= 500:
+            return _CallError(
+                "server_error", f"HTTP {status}", status=status, retry_after=retry_after
+            )
+        return _CallError("client_error", f"HTTP {status}", status=status)
+
+    async def _read_limited(self, resp: aiohttp.ClientResponse) -> bytes:
+        limit = self._max_response_bytes
+        too_big = _CallError("invalid_response", f"invalid response: body over {limit} bytes")
+        if resp.content_length is not None and resp.content_length > limit:
+            resp.close()
+            raise too_big
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in resp.content.iter_chunked(_CHUNK):
+            size += len(chunk)
+            if size > limit:
+                resp.close()
+                raise too_big
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+
+def _encode(body: Mapping[str, Any]) -> bytes:
+    try:
+        return json.dumps(body, ensure_ascii=False, allow_nan=False).encode("utf-8")
+    except (TypeError, ValueError) as exc:
+        raise ModelCallError(
+            f"request cannot be sent as JSON ({type(exc).__name__})", retriable=False
+        ) from None
+
+
+def _first_model_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The first ModelCallError in a (nested) exception group, else the group itself."""
+    for exc in group.exceptions:
+        if isinstance(exc, ModelCallError):
+            return exc
+        if isinstance(exc, BaseExceptionGroup):
+            found = _first_model_error(exc)
+            if found is not exc:
+                return found
+    return group

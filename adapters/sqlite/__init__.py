@@ -1,0 +1,3 @@
+"""SQLite: the single-replica calibration store and review queue."""
+
+__all__: list[str] = []

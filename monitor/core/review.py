@@ -1,0 +1,234 @@
+"""Review items and verdicts (docs/review.md), and how a verdict becomes a score. No I/O.
+
+A review item is what a reviewer sees: the item id, model, task, the (redacted) query,
+the ranked candidates with their counts, K used and the inclusion probability. A
+verdict names the accepted candidate ranks, or says "none of these" with an optional
+correct answer; verdicts are idempotent by item id.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from monitor.core.canon.base import INVALID, Canonicalizer, QueryContext
+from monitor.core.conformal import quantile_index
+from monitor.core.consensus import Consensus
+from monitor.core.errors import InputError
+from monitor.core.events import is_text
+from monitor.core.scores import rank_score
+
+__all__ = [
+    "ReviewItem",
+    "TaskProgress",
+    "Verdict",
+    "aci_miss",
+    "minimum_calibration_items",
+    "parse_verdict",
+    "verdict_score",
+]
+
+
+def _finite_or_inf(value: float) -> float | str:
+    return value if math.isfinite(value) else "inf"
+
+
+@dataclass(frozen=True, slots=True)
+class ReviewItem:
+    item_id: str
+    model: str
+    task: str
+    query: str
+    candidates: tuple[tuple[str, int], ...]
+    k: int
+    inclusion_probability: float
+    sampled_at: float
+    """Seconds since the epoch when the item was sampled (its age for decay)."""
+    thresholds: tuple[tuple[float, float], ...] = ()
+    """(alpha, M*(alpha)) in force when the item was scored: its verdict checks them."""
+    aci_threshold: float | None = None
+    """With ACI on, the threshold served at the adaptive alpha_t when it was scored."""
+
+    @classmethod
+    def from_consensus(
+        cls,
+        *,
+        item_id: str,
+        model: str,
+        task: str,
+        query: str,
+        consensus: Consensus,
+        inclusion_probability: float,
+        sampled_at: float,
+        thresholds: tuple[tuple[float, float], ...] = (),
+        aci_threshold: float | None = None,
+    ) -> ReviewItem:
+        return cls(
+            item_id=item_id,
+            model=model,
+            task=task,
+            query=query,
+            candidates=tuple(zip(consensus.classes, consensus.counts, strict=True)),
+            k=consensus.k,
+            inclusion_probability=inclusion_probability,
+            sampled_at=sampled_at,
+            thresholds=thresholds,
+            aci_threshold=aci_threshold,
+        )
+
+    @property
+    def consensus(self) -> Consensus:
+        return Consensus(tuple(c for c, _ in self.candidates), tuple(n for _, n in self.candidates))
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["candidates"] = [
+            {"rank": i + 1, "answer": c, "count": n} for i, (c, n) in enumerate(self.candidates)
+        ]
+        # JSON has no infinity: an infinite threshold (the full set) is the string "inf".
+        d["thresholds"] = {f"{a:g}": _finite_or_inf(v) for a, v in self.thresholds}
+        if self.aci_threshold is None:
+            del d["aci_threshold"]
+        else:
+            d["aci_threshold"] = _finite_or_inf(self.aci_threshold)
+        return d
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> ReviewItem:
+        try:
+            return cls(
+                item_id=str(d["item_id"]),
+                model=str(d["model"]),
+                task=str(d["task"]),
+                query=str(d.get("query", "")),
+                candidates=tuple((str(c["answer"]), int(c["count"])) for c in d["candidates"]),
+                k=int(d["k"]),
+                inclusion_probability=float(d["inclusion_probability"]),
+                sampled_at=float(d["sampled_at"]),
+                # Both optional: items written before the self-check existed have none.
+                thresholds=tuple(
+                    sorted((float(a), float(v)) for a, v in dict(d.get("thresholds") or {}).items())
+                ),
+                aci_threshold=(
+                    None if d.get("aci_threshold") is None else float(d["aci_threshold"])
+                ),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InputError(f"malformed review item: {exc}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """``accepted_ranks`` (1-based) or ``none_of_these`` with an optional correct answer."""
+
+    item_id: str
+    accepted_ranks: tuple[int, ...] = ()
+    none_of_these: bool = False
+    correct_answer: str | None = None
+    reviewer: str = "unknown"
+    extra: dict[str, Any] = field(default_factory=dict)
+    position: tuple[int, ...] | None = None
+    """Where a durable log holds this verdict (Kafka: timestamp, partition, offset): its
+    order key in the calibration window. Not part of the verdict's JSON."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "item_id": self.item_id,
+            "accepted_ranks": list(self.accepted_ranks),
+            "none_of_these": self.none_of_these,
+            "correct_answer": self.correct_answer,
+            "reviewer": self.reviewer,
+        }
+
+
+def parse_verdict(obj: Any, *, item_id: str | None = None, max_rank: int | None = None) -> Verdict:
+    """Validate a verdict body; ``item_id`` from the URL wins over the body's."""
+    if isinstance(obj, bytes | str):
+        try:
+            obj = json.loads(obj)
+        except (ValueError, RecursionError):  # also a number over 4,300 digits
+            raise InputError("verdict is not valid JSON") from None
+    if not isinstance(obj, dict):
+        raise InputError("verdict must be a JSON object")
+    vid = item_id if item_id is not None else obj.get("item_id")
+    if not is_text(vid) or not vid:
+        raise InputError("verdict needs an 'item_id'")
+    ranks = obj.get("accepted_ranks", [])
+    if not isinstance(ranks, list) or not all(
+        isinstance(r, int) and not isinstance(r, bool) and r >= 1 for r in ranks
+    ):
+        raise InputError("'accepted_ranks' must be a list of ranks >= 1")
+    if max_rank is not None and any(r > max_rank for r in ranks):
+        raise InputError(f"'accepted_ranks' has a rank above the {max_rank} candidates")
+    none = obj.get("none_of_these", False)
+    if not isinstance(none, bool):
+        raise InputError("'none_of_these' must be true or false")
+    if none and ranks:
+        raise InputError("a verdict cannot accept ranks and be 'none of these'")
+    if not none and not ranks:
+        raise InputError("a verdict must accept at least one rank or be 'none of these'")
+    correct = obj.get("correct_answer")
+    if correct is not None and not is_text(correct):
+        raise InputError("'correct_answer' must be a string")
+    reviewer = obj.get("reviewer", "unknown")
+    if not is_text(reviewer):
+        raise InputError("'reviewer' must be a string")
+    return Verdict(
+        item_id=vid,
+        accepted_ranks=tuple(sorted(set(ranks))),
+        none_of_these=none,
+        correct_answer=correct,
+        reviewer=reviewer[:128],
+    )
+
+
+def verdict_score(
+    item: ReviewItem,
+    verdict: Verdict,
+    canonicalizer: Canonicalizer | None = None,
+    context: QueryContext | None = None,
+) -> float:
+    """The rank score the verdict gives the item: the smallest accepted rank.
+
+    "None of these" scores ``inf`` unless its correct answer canonicalizes to one of the
+    candidates (a reviewer who typed the answer instead of clicking it).
+    """
+    consensus = item.consensus
+    if verdict.accepted_ranks:
+        valid = [r for r in verdict.accepted_ranks if r <= len(consensus.classes)]
+        acceptable: Sequence[str] = [consensus.classes[r - 1] for r in valid]
+        return rank_score(consensus, [c for c in acceptable if c != INVALID])
+    if verdict.correct_answer is not None and canonicalizer is not None:
+        return rank_score(consensus, [canonicalizer.canonicalize(verdict.correct_answer, context)])
+    return math.inf
+
+
+def aci_miss(item: ReviewItem, score: float) -> bool | None:
+    """The ACI step of the item's verdict: did ``score`` exceed the threshold served at
+    alpha_t when the item was scored? ``None`` when it was scored without ACI."""
+    return None if item.aci_threshold is None else score > item.aci_threshold
+
+
+@dataclass(frozen=True, slots=True)
+class TaskProgress:
+    """A task's calibration state, as the page's progress table shows it."""
+
+    model: str
+    task: str
+    calibration_items: int
+    effective_items: float
+    minimum_items: int
+    threshold_finite: bool
+
+
+def minimum_calibration_items(alpha: float) -> int:
+    """The fewest equally weighted calibration items with a finite threshold at
+    ``alpha``: the smallest n whose order statistic k = ceil((n+1)(1-alpha)) is <= n
+    (about 1/alpha - 1: 9 at alpha = 0.1, 19 at alpha = 0.05)."""
+    n = max(0, math.ceil(1.0 / alpha) - 3)
+    while quantile_index(n, alpha) > n:
+        n += 1
+    return n

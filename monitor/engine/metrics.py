@@ -1,0 +1,278 @@
+"""Prometheus metrics, built in one place from a registry that is passed in.
+
+Names and labels are a contract (docs/metrics.md). No prompt or answer text ever goes into a label:
+label values are model names, task names, alphas, sources and fixed enumerations.
+``relmon_set_size`` observes the set size at the task's target level
+alpha = 1 - reliability_target (one histogram per model and task, as §3 fixes).
+
+Every counter's known label values exist from the start at 0 (:meth:`Metrics.init_task`,
+:meth:`Metrics.init_source`): an alert on a series that does not exist cannot fire.
+No ``*_created`` series are exported.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Final
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+
+from monitor.core.window import WindowSnapshot
+
+__all__ = [
+    "ITEM_OUTCOMES",
+    "TOP_ANSWER_OUTCOMES",
+    "TRAFFIC_DECISIONS",
+    "VERDICT_KINDS",
+    "Metrics",
+]
+
+TRAFFIC_DECISIONS: Final = ("sampled", "skipped", "duplicate", "dropped", "rejected")
+"""``relmon_traffic_events_total{decision}`` values (see :data:`monitor.engine.ports.Decision`)."""
+ITEM_OUTCOMES: Final = ("scored", "abandoned", "interrupted")
+"""``relmon_items_total{outcome}`` values."""
+VERDICT_KINDS: Final = ("accepted", "none", "duplicate", "unknown", "invalid")
+"""``relmon_reviews_total{verdict}`` values."""
+TOP_ANSWER_OUTCOMES: Final = ("accepted", "rejected")
+"""``relmon_top_answers_total{outcome}`` values."""
+
+disable_created_metrics()  # type: ignore[no-untyped-call]
+
+
+def _rank_buckets(k_max: int) -> list[float]:
+    return [float(b) for b in range(1, k_max + 1)]
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry, *, k_max: int = 20) -> None:
+        mt = ("model", "task")
+        self.reliability_level = Gauge(
+            "relmon_reliability_level",
+            "Weighted conformal reliability level 1 - alpha*: mass of calibration items whose "
+            "top answer was accepted.",
+            mt,
+            registry=registry,
+        )
+        self.reliability_lower_bound = Gauge(
+            "relmon_reliability_lower_bound",
+            "One-sided Clopper-Pearson lower bound (95%) on P(top answer acceptable) from the "
+            "effective calibration counts.",
+            mt,
+            registry=registry,
+        )
+        self.reliability_target = Gauge(
+            "relmon_reliability_target",
+            "The task's configured reliability target (SLO).",
+            mt,
+            registry=registry,
+        )
+        self.conformal_threshold = Gauge(
+            "relmon_conformal_threshold",
+            "Conformal threshold M* at level alpha: the top-M* answers cover an acceptable one "
+            "with probability >= 1 - alpha (+Inf: no finite set does).",
+            (*mt, "alpha"),
+            registry=registry,
+        )
+        self.calibration_items = Gauge(
+            "relmon_calibration_items",
+            "Scored verdicts in the calibration window.",
+            mt,
+            registry=registry,
+        )
+        self.calibration_effective_items = Gauge(
+            "relmon_calibration_effective_items",
+            "Effective size (sum w)^2 / sum w^2 of the decayed, inclusion-weighted window.",
+            mt,
+            registry=registry,
+        )
+        self.set_size = Histogram(
+            "relmon_set_size",
+            "Prediction set size at the task's target alpha, per monitored item.",
+            mt,
+            buckets=_rank_buckets(k_max),
+            registry=registry,
+        )
+        self.samples_per_item = Histogram(
+            "relmon_samples_per_item",
+            "Model samples used per monitored item (sequential stopping).",
+            mt,
+            buckets=_rank_buckets(k_max),
+            registry=registry,
+        )
+        self.max_samples_per_item = Gauge(
+            "relmon_max_samples_per_item",
+            "K_max: the most model samples one item may use (the cost per item without "
+            "sequential stopping).",
+            mt,
+            registry=registry,
+        )
+        self.item_duration = Histogram(
+            "relmon_item_duration_seconds",
+            "Wall time to re-ask the model and score one item (all of its model calls).",
+            mt,
+            buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0),
+            registry=registry,
+        )
+        self.model_calls = Counter(
+            "relmon_model_calls",
+            "Calls to the model endpoint by outcome.",
+            (*mt, "outcome"),
+            registry=registry,
+        )
+        self.traffic_events = Counter(
+            "relmon_traffic_events",
+            "Traffic events by source and what relmon did with them.",
+            ("source", "decision"),
+            registry=registry,
+        )
+        self.items = Counter(
+            "relmon_items",
+            "Sampled items by outcome: scored; abandoned after failed model calls; "
+            "interrupted: admitted but not finished when the service stopped (SIGTERM).",
+            (*mt, "outcome"),
+            registry=registry,
+        )
+        self.review_queue_depth = Gauge(
+            "relmon_review_queue_depth",
+            "Review items waiting for a verdict.",
+            mt,
+            registry=registry,
+        )
+        self.reviews = Counter(
+            "relmon_reviews",
+            "Verdicts received: accepted (a candidate), none (none of these), duplicate, "
+            "unknown (no such item), invalid.",
+            (*mt, "verdict"),
+            registry=registry,
+        )
+        # SLI, live self-check, alarm, health (docs/metrics.md).
+        self.top_answers = Counter(
+            "relmon_top_answers",
+            "Reviewed items whose top answer was accepted or rejected, each counted with "
+            "weight 1/pi (inverse review probability): an unbiased SLI of the traffic.",
+            (*mt, "outcome"),
+            registry=registry,
+        )
+        self.coverage_checks = Counter(
+            "relmon_coverage_checks",
+            "Applied verdicts checked against the threshold M*(alpha) in force when the item "
+            "was scored, each weighted 1/pi (its inverse review probability).",
+            (*mt, "alpha"),
+            registry=registry,
+        )
+        self.coverage_misses = Counter(
+            "relmon_coverage_misses",
+            "Applied verdicts whose score exceeded the threshold M*(alpha) in force when the "
+            "item was scored (the served set missed), weighted 1/pi. Realised coverage = "
+            "1 - misses/checks.",
+            (*mt, "alpha"),
+            registry=registry,
+        )
+        self.coverage_target = Gauge(
+            "relmon_coverage_target",
+            "The promised coverage 1 - alpha of the conformal set at level alpha (a constant "
+            "per alpha, so that rules and dashboards can compare realised coverage with it).",
+            (*mt, "alpha"),
+            registry=registry,
+        )
+        self.reliability_alarm_evalue = Gauge(
+            "relmon_reliability_alarm_evalue",
+            "E-detector statistic for 'reliability below target' (anytime-valid; the alarm "
+            "fires at 1/alpha_alarm).",
+            mt,
+            registry=registry,
+        )
+        self.reliability_alarm = Gauge(
+            "relmon_reliability_alarm",
+            "1 while the anytime-valid reliability alarm is raised, else 0.",
+            mt,
+            registry=registry,
+        )
+        self.circuit_open = Gauge(
+            "relmon_circuit_open",
+            "1 while the model endpoint's circuit breaker is not closed (open, or half-open "
+            "until a trial call succeeds): items are not re-asked, monitoring has stopped. "
+            "Else 0.",
+            mt,
+            registry=registry,
+        )
+        self.review_submit_failures = Counter(
+            "relmon_review_submit_failures",
+            "Review items that could not be written to the review queue (SQLite or the Kafka "
+            "review topic) after every attempt: scored, never shown to a reviewer.",
+            mt,
+            registry=registry,
+        )
+        self.source_restarts = Counter(
+            "relmon_source_restarts",
+            "Restarts of a source after it failed: the Kafka traffic source (kafka) and the "
+            "verdict follower (verdicts). The mirror and proxy listeners are never restarted.",
+            ("source",),
+            registry=registry,
+        )
+        self.budget_utilization = Gauge(
+            "relmon_budget_utilization",
+            "Share of the calls-per-minute budget reserved by admitted items (0..1).",
+            registry=registry,
+        )
+        self.kafka_consumer_lag = Gauge(
+            "relmon_kafka_consumer_lag",
+            "Records behind the log end, per topic and partition.",
+            ("topic", "partition"),
+            registry=registry,
+        )
+
+    def init_task(
+        self, model: str, task: str, alphas: Sequence[float], call_outcomes: Sequence[str] = ()
+    ) -> None:
+        """Create every known label combination of one (model, task) at 0.
+
+        An empty window's values: level, bound and items 0, every threshold +Inf (k > n).
+        """
+        self.reliability_level.labels(model, task)
+        self.reliability_lower_bound.labels(model, task)
+        self.calibration_items.labels(model, task)
+        self.calibration_effective_items.labels(model, task)
+        self.set_size.labels(model, task)
+        self.samples_per_item.labels(model, task)
+        self.item_duration.labels(model, task)
+        for outcome in call_outcomes:
+            self.model_calls.labels(model, task, outcome)
+        for outcome in ITEM_OUTCOMES:
+            self.items.labels(model, task, outcome)
+        for kind in VERDICT_KINDS:
+            self.reviews.labels(model, task, kind)
+        for outcome in TOP_ANSWER_OUTCOMES:
+            self.top_answers.labels(model, task, outcome)
+        for alpha in alphas:
+            self.conformal_threshold.labels(model, task, f"{alpha:g}").set(math.inf)
+            self.coverage_target.labels(model, task, f"{alpha:g}").set(1.0 - alpha)
+            self.coverage_checks.labels(model, task, f"{alpha:g}")
+            self.coverage_misses.labels(model, task, f"{alpha:g}")
+        self.review_queue_depth.labels(model, task)
+        self.reliability_alarm_evalue.labels(model, task).set(1.0)
+        self.reliability_alarm.labels(model, task)
+        self.circuit_open.labels(model, task)
+        self.review_submit_failures.labels(model, task)
+
+    def init_source(self, source: str, *, traffic: bool = True) -> None:
+        """Create one configured source's series at 0: its ``relmon_source_restarts_total``
+        and, for a traffic source (not the verdict follower), every
+        ``relmon_traffic_events_total`` decision."""
+        self.source_restarts.labels(source)
+        if traffic:
+            for decision in TRAFFIC_DECISIONS:
+                self.traffic_events.labels(source, decision)
+
+    def publish(
+        self, model: str, task: str, snapshot: WindowSnapshot, alphas: Sequence[float]
+    ) -> None:
+        """Set the window gauges of one (model, task)."""
+        self.reliability_level.labels(model, task).set(snapshot.reliability_level)
+        self.reliability_lower_bound.labels(model, task).set(snapshot.reliability_lower_bound)
+        self.calibration_items.labels(model, task).set(snapshot.n)
+        self.calibration_effective_items.labels(model, task).set(snapshot.n_eff)
+        for alpha in alphas:
+            value = snapshot.thresholds.get(alpha, math.inf)
+            self.conformal_threshold.labels(model, task, f"{alpha:g}").set(value)

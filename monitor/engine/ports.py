@@ -1,0 +1,154 @@
+"""The seams between the service and the outside world (STYLE: small Protocols).
+
+Adapters in ``adapters/`` implement these; the service in ``monitor.engine.service`` only
+talks to them. Fakes for tests live in ``monitor.testing``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from monitor.core.events import TrafficEvent
+from monitor.core.review import ReviewItem, Verdict
+
+__all__ = [
+    "Admission",
+    "CalibrationRecord",
+    "CalibrationStore",
+    "Clock",
+    "EventSink",
+    "ModelClient",
+    "ReviewQueue",
+    "SystemClock",
+    "VerdictHandler",
+    "VerdictOutcome",
+]
+
+Decision = Literal["sampled", "skipped", "duplicate", "dropped", "rejected", "busy"]
+"""What :meth:`MonitorService.offer` did; every value but ``busy`` is counted in
+``relmon_traffic_events_total{decision}``. ``busy`` (only for a source that may wait, such
+as Kafka) means: no budget or queue room right now, nothing counted, offer it again later."""
+
+
+class Clock(Protocol):
+    def time(self) -> float:
+        """Wall-clock seconds since the epoch (ages of calibration items)."""
+        ...
+
+    def monotonic(self) -> float:
+        """Monotonic seconds (budgets, timeouts)."""
+        ...
+
+
+class SystemClock:
+    def time(self) -> float:
+        return time.time()
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+
+class ModelClient(Protocol):
+    """Asks the model again. One client per endpoint, pooled connections."""
+
+    async def sample(self, request: Mapping[str, Any], n: int) -> list[str]:
+        """``n`` completion texts for ``request`` (temperature etc. set by the client).
+
+        Raises :class:`monitor.core.errors.ModelCallError` when the calls fail after retries.
+        """
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """What the service did with an offered event.
+
+    ``done`` (sampled events only) resolves when the item is durably handled: scored and
+    its review item persisted, or abandoned and counted. A Kafka source commits an
+    offset only once every earlier event's ``done`` has resolved. A ``duplicate`` (an item
+    already admitted) carries the first admission's ``done`` while that one is running.
+    """
+
+    decision: Decision
+    done: asyncio.Future[None] | None = None
+
+
+EventSink = Callable[[TrafficEvent, str], Admission]
+"""``service.offer(event, source_name)``: never blocks, never raises for bad events."""
+
+
+class ReviewQueue(Protocol):
+    """Where review items go. ``submit`` returns once the item is durable."""
+
+    async def submit(self, item: ReviewItem) -> None: ...
+
+    async def depth(self) -> int:
+        """Items waiting for a verdict."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class VerdictOutcome:
+    """``applied``: new verdict scored into the window; ``duplicate``: already had one;
+    ``unknown``: no such review item; ``invalid``: rejected (message in ``reason``)."""
+
+    status: Literal["applied", "duplicate", "unknown", "invalid"]
+    score: float | None = None
+    reason: str | None = None
+
+
+VerdictHandler = Callable[[Verdict], Awaitable[VerdictOutcome]]
+"""``service.apply_verdict(verdict)``; review backends call it for every verdict."""
+
+
+@dataclass(frozen=True, slots=True)
+class CalibrationRecord:
+    """One scored verdict as the calibration window needs it."""
+
+    model: str
+    task: str
+    item_id: str
+    score: float
+    inclusion_probability: float
+    sampled_at: float
+    order: tuple[int, ...] = ()
+    """The verdict's persisted order key (see :meth:`CalibrationStore.save_record`);
+    ``()`` before it is saved."""
+    aci_miss: bool | None = None
+    """The verdict's ACI step: did the score exceed the threshold served at alpha_t when
+    the item was scored (:attr:`monitor.core.review.ReviewItem.aci_threshold`)? ``None``: the
+    item had no ACI threshold, no step. Persisted so that a restart restores alpha_t."""
+
+
+class CalibrationStore(Protocol):
+    """Durable calibration state: review items waiting, and scored verdicts."""
+
+    async def save_review_item(self, item: ReviewItem) -> None: ...
+
+    async def get_review_item(self, item_id: str) -> ReviewItem | None: ...
+
+    async def save_record(
+        self, record: CalibrationRecord, verdict: Verdict
+    ) -> tuple[int, ...] | None:
+        """Persist a scored verdict; None if this item already had one (idempotent).
+
+        Returns the verdict's order key, persisted with it: the windows hold the
+        verdicts latest in this order, live and when :meth:`load_records` rebuilds them.
+        """
+        ...
+
+    async def get_record(self, item_id: str) -> CalibrationRecord | None:
+        """The scored verdict stored for ``item_id`` (with its order key), if any."""
+        ...
+
+    async def load_records(self) -> Sequence[CalibrationRecord]:
+        """Every scored verdict with its order key, in that order, to rebuild the windows."""
+        ...
+
+    async def aclose(self) -> None: ...

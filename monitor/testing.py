@@ -13,7 +13,7 @@ from typing import Any
 from monitor.core.errors import ModelCallError
 from monitor.core.events import query_text
 from monitor.core.review import ReviewItem, Verdict
-from monitor.engine.ports import CalibrationRecord
+from monitor.engine.ports import CalibrationRecord, CircuitState
 
 __all__ = ["FakeModelClient", "InMemoryStore", "ManualClock"]
 
@@ -38,6 +38,7 @@ class FakeModelClient:
     def __init__(self, answer: Callable[[str, int], str | Exception]) -> None:
         self.answer = answer
         self.calls = 0
+        self.circuit_state: CircuitState = "closed"
 
     async def sample(self, request: Mapping[str, Any], n: int) -> list[str]:
         out = []
@@ -87,6 +88,21 @@ class InMemoryStore:
 
     async def load_records(self) -> Sequence[CalibrationRecord]:
         return [r for r, _ in self.records.values()]
+
+    def has_review_item(self, item_id: str) -> bool:
+        return False  # single replica, like SqliteStore: recent_item_ids covers a restart
+
+    def discard_review_item(self, item_id: str) -> None:
+        return None  # the store is the queue: an item whose submit failed was not kept
+
+    async def recent_item_ids(self, limit: int) -> Sequence[str]:
+        return list(self.items)[-limit:]
+
+    async def pending_counts(self) -> Mapping[tuple[str, str], int]:
+        counts: dict[tuple[str, str], int] = {}
+        for item in self.pending():
+            counts[(item.model, item.task)] = counts.get((item.model, item.task), 0) + 1
+        return counts
 
     def pending(self) -> list[ReviewItem]:
         return [i for k, i in self.items.items() if k not in self.records]

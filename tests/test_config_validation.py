@@ -17,8 +17,9 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from monitor.app.cli import main
-from monitor.app.runner import build_task, start_service
+from monitor.app.runner import start_service
 from monitor.app.validation import budget_warnings, fewest_samples, validate_settings
+from monitor.app.wiring import build_task
 from monitor.config import default_state_dir, load_settings
 from monitor.core.errors import ConfigError
 from monitor.engine.metrics import Metrics
@@ -183,6 +184,7 @@ def test_check_config_names_the_field(
             assert name in captured.err, name
 
 
+@pytest.mark.integration  # runs a relmon process
 @pytest.mark.parametrize(("text", "expected"), INVALID)
 def test_run_rejects_exactly_what_check_config_rejects_before_binding_or_writing(
     tmp_path: Path, text: str, expected: list[str]

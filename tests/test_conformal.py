@@ -26,6 +26,7 @@ from monitor.core.conformal import (
     weighted_reliability_lower_bound,
     weighted_threshold,
 )
+from monitor.core.errors import ConfigError, InputError
 
 ALPHAS = (0.01, 0.05, 0.10, 0.15, 0.20, 0.25, 0.30)
 score_lists = st.lists(
@@ -99,9 +100,9 @@ def test_thresholds_batch_equals_single() -> None:
 
 
 def test_nan_scores_rejected() -> None:
-    with pytest.raises(ValueError, match="NaN"):
+    with pytest.raises(InputError, match="NaN"):
         conformal_threshold([1.0, math.nan], 0.1)
-    with pytest.raises(ValueError, match="alpha"):
+    with pytest.raises(ConfigError, match="alpha"):
         conformal_threshold([1.0], 1.0)
 
 
@@ -217,9 +218,9 @@ def test_zero_weights_drop_items() -> None:
     # total = 1 + 0 + 1 (test): the weight-0 item adds no mass.
     assert weighted_threshold([1, 9], [1, 0], 0.5) == 1
     assert weighted_threshold([1, 9], [1, 0], 0.4) == math.inf
-    with pytest.raises(ValueError):
+    with pytest.raises(InputError):
         weighted_threshold([1, 2], [1, -1], 0.1)
-    with pytest.raises(ValueError):
+    with pytest.raises(InputError):
         weighted_threshold([1, 2], [1], 0.1)
 
 
@@ -235,14 +236,14 @@ def test_decay_weights_and_n_eff() -> None:
     r = 2 ** (-1 / h)
     expected = (1 + r) / (1 - r)  # (sum r^a)^2 / sum r^2a for an infinite window
     assert effective_sample_size(decay_weights(ages, h)) == pytest.approx(expected, rel=1e-6)
-    with pytest.raises(ValueError):
+    with pytest.raises(InputError):
         decay_weights([-1], 10)
 
 
 def test_inclusion_weights() -> None:
     assert inclusion_weights([1.0, 0.5, 0.1]) == pytest.approx([1, 2, 10])
     for bad in ([0.0], [1.5], [-0.2]):
-        with pytest.raises(ValueError):
+        with pytest.raises(InputError):
             inclusion_weights(bad)
 
 

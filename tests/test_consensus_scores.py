@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from monitor.core.canon.base import INVALID
 from monitor.core.consensus import Consensus, rank_classes
+from monitor.core.errors import ConfigError, InputError
 from monitor.core.scores import (
     SCORE_NAMES,
     aps_score,
@@ -70,9 +71,9 @@ def test_consensus_invariants(answers: list[str], seed: int) -> None:
 
 
 def test_consensus_validates() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(InputError):
         Consensus(("a", "b"), (1, 2))
-    with pytest.raises(ValueError):
+    with pytest.raises(InputError):
         Consensus(("a", "a"), (2, 1))
 
 
@@ -121,5 +122,5 @@ def test_rank_set_size() -> None:
     assert set_size(C, "rank", 2) == 2
     assert set_size(C, "rank", math.inf) == 4
     assert set_size(C, "rank", 9) == 4
-    with pytest.raises(ValueError):
+    with pytest.raises(ConfigError):
         set_size(C, "bogus", 1)

@@ -4,14 +4,17 @@ the supervisor's restarts and their count."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
 
-from monitor.app.runner import build_task, supervise
+from monitor.app.supervision import supervise
+from monitor.app.wiring import build_task
 from monitor.config import TaskSettings
-from monitor.core.errors import ConfigError, RelmonError
+from monitor.core.errors import ConfigError, RelmonError, StateError
 from monitor.engine.metrics import Metrics
+from tests.waiting import wait_until
 
 
 async def test_answer_pattern_wraps_the_canonicalizer() -> None:
@@ -83,8 +86,10 @@ async def test_close_releases_everything_even_when_not_drained(tmp_path) -> None
     from monitor.core.events import parse_event
 
     release = asyncio.Event()
+    arrived = asyncio.Event()
 
     async def hang(request: web.Request) -> web.Response:
+        arrived.set()
         await release.wait()
         return web.json_response({})
 
@@ -121,7 +126,7 @@ async def test_close_releases_everything_even_when_not_drained(tmp_path) -> None
             "request": {"messages": [{"role": "user", "content": "1+1"}]},
         }
         assert running.service.offer(parse_event(event), "t").decision == "sampled"
-        await asyncio.sleep(0.3)
+        await wait_until(arrived.is_set, what="the model call to reach the endpoint")
         assert await running.close(0.5) is False  # not drained: the call hangs
         with pytest.raises(ModelCallError, match="closed"):
             await running.service.tasks["a"].client.sample(event["request"], 1)  # type: ignore[arg-type]
@@ -167,15 +172,20 @@ async def test_not_ready_until_every_listener_is_up(
     starting = asyncio.create_task(start_service(settings))
     url = f"http://127.0.0.1:{metrics_port}/readyz"
     async with aiohttp.ClientSession() as session:
-        for _ in range(600):  # the metrics port comes up while the traffic port waits
-            try:
-                async with session.get(url) as resp:
-                    status, body = resp.status, await resp.json()
-                break
-            except aiohttp.ClientConnectionError:
-                await asyncio.sleep(0.05)
-        else:
-            raise AssertionError("the metrics port never answered")
+        answer: list[tuple[int, Any]] = []
+
+        async def answered() -> bool:
+            async with session.get(url) as resp:
+                answer.append((resp.status, await resp.json()))
+            return True
+
+        await wait_until(  # the metrics port comes up while the traffic port waits
+            answered,
+            what="the metrics port to answer",
+            interval_s=0.05,
+            ignore=(aiohttp.ClientConnectionError,),
+        )
+        [(status, body)] = answer
         assert status == 503 and any("starting" in r for r in body["reasons"])
         async with session.get(f"{url}/traffic") as resp:  # nor is the traffic path
             assert resp.status == 503
@@ -239,15 +249,34 @@ async def test_supervise_counts_nothing_for_a_source_stopped_while_down() -> Non
     assert (source.runs, source.restart_attempts, calls) == (1, 0, [])
 
 
-async def test_supervise_does_not_restart_a_source_without_restart() -> None:
-    class Fragile:
-        async def run(self) -> None:
-            raise RelmonError("gone")
+async def test_supervise_does_not_restart_after_an_error_that_is_not_relmons() -> None:
+    """Only a RelmonError (a broker gone, a connection refused) is restarted; a bug is
+    not retried forever: it ends the task with its traceback."""
+    source = FlakySource(run_failures=0, restart_failures=0)
 
+    async def broken() -> None:
+        source.runs += 1
+        raise KeyError("a bug")
+
+    source.run = broken  # type: ignore[method-assign]
     calls: list[int] = []
-    with pytest.raises(RelmonError, match="gone"):
-        await supervise(Fragile(), on_restart=lambda: calls.append(1))
-    assert calls == []
+    with pytest.raises(KeyError, match="a bug"):
+        await supervise(source, on_restart=lambda: calls.append(1))  # type: ignore[arg-type]
+    assert (source.runs, source.restart_attempts, calls) == (1, 0, [])
+
+
+async def test_supervise_does_not_restart_a_source_used_out_of_order() -> None:
+    """A StateError is a RelmonError, but a bug (run before start), not an outage."""
+    source = FlakySource(run_failures=0, restart_failures=0)
+
+    async def not_started() -> None:
+        source.runs += 1
+        raise StateError("not started")
+
+    source.run = not_started  # type: ignore[method-assign]
+    with pytest.raises(StateError, match="not started"):
+        await supervise(source)  # type: ignore[arg-type]
+    assert (source.runs, source.restart_attempts) == (1, 0)
 
 
 def test_init_source_creates_restarts_for_every_source_and_traffic_only_for_traffic() -> None:

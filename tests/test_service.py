@@ -16,10 +16,11 @@ from monitor.core.conformal import decay_weights, weighted_reliability_level, we
 from monitor.core.events import parse_event
 from monitor.core.review import ReviewItem, Verdict
 from monitor.core.stopping import get_stopping_rule
-from monitor.engine import service as service_module
+from monitor.engine import reviews as reviews_module
 from monitor.engine.metrics import Metrics
 from monitor.engine.service import MonitorService, TaskRuntime
 from monitor.testing import FakeModelClient, InMemoryStore, ManualClock
+from tests.waiting import wait_until
 
 
 def arithmetic_model(p_right: float, seed: int = 0):
@@ -379,6 +380,8 @@ async def test_items_unfinished_at_shutdown_are_counted_as_interrupted() -> None
     none is silently dropped, and the budget reserved by the queued ones is returned."""
 
     class Hanging:
+        circuit_state = "closed"
+
         async def sample(self, request: object, n: int) -> list[str]:
             await asyncio.Event().wait()
             return []
@@ -394,11 +397,7 @@ async def test_items_unfinished_at_shutdown_are_counted_as_interrupted() -> None
     service.start()
     admissions = [service.offer(parse_event(event(i)), "mirror") for i in range(5)]
     assert all(a.decision == "sampled" for a in admissions)
-    for _ in range(3000):  # at least 30 s for both hanging calls to start
-        if service._in_flight == 2:
-            break
-        await asyncio.sleep(0.01)
-    assert service._in_flight == 2
+    await wait_until(lambda: service.workers.busy == 2, what="both hanging calls to start")
     assert await service.stop(0.2) is False
     assert registry.get_sample_value("relmon_items_total", labels) == 5.0
     assert service.stats.interrupted == 5
@@ -429,7 +428,7 @@ async def test_a_review_item_write_that_fails_is_tried_again(
 ) -> None:
     """Up to two failed writes: the item still reaches the reviewers, scored once (no
     second round of model calls), nothing counted as lost."""
-    monkeypatch.setattr(service_module, "REVIEW_SUBMIT_BACKOFF_S", 0.0)
+    monkeypatch.setattr(reviews_module, "REVIEW_SUBMIT_BACKOFF_S", 0.0)
     client = FakeModelClient(arithmetic_model(1.0))
     queue = FlakyQueue(failures)
     service, _, _, registry = make_service(client=client, store=queue)
@@ -454,9 +453,9 @@ async def test_a_review_item_that_cannot_be_written_is_counted_and_logged(
     """Every attempt fails: counted under relmon_review_submit_failures_total, one error
     line naming the item (not its text), the item not queued and its id forgotten, so a
     later delivery of the event is asked again rather than called a duplicate."""
-    monkeypatch.setattr(service_module, "REVIEW_SUBMIT_BACKOFF_S", 0.0)
+    monkeypatch.setattr(reviews_module, "REVIEW_SUBMIT_BACKOFF_S", 0.0)
     client = FakeModelClient(arithmetic_model(1.0))
-    queue = FlakyQueue(failures=service_module.REVIEW_SUBMIT_ATTEMPTS)
+    queue = FlakyQueue(failures=reviews_module.REVIEW_SUBMIT_ATTEMPTS)
     service, _, _, registry = make_service(client=client, store=queue)
     await service.load()
     service.start()
@@ -464,7 +463,7 @@ async def test_a_review_item_that_cannot_be_written_is_counted_and_logged(
     assert admission.done is not None
     await asyncio.wait_for(admission.done, 10)
     labels = {"model": "sim-1", "task": "arith"}
-    assert queue.attempts == service_module.REVIEW_SUBMIT_ATTEMPTS and queue.pending() == []
+    assert queue.attempts == reviews_module.REVIEW_SUBMIT_ATTEMPTS and queue.pending() == []
     assert registry.get_sample_value("relmon_review_submit_failures_total", labels) == 1.0
     assert registry.get_sample_value("relmon_review_queue_depth", labels) == 0.0
     assert service.stats.scored == 1 and service.stats.reviewed == 0

@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from sklearn.metrics import adjusted_rand_score
 
+from monitor.core.errors import InputError
 from monitor.core.stability import adjusted_rand_index, bootstrap_ari
 
 labelings = st.integers(2, 30).flatmap(
@@ -33,7 +34,7 @@ def test_ari_edge_cases() -> None:
     assert adjusted_rand_index(list("aabb"), list("abab")) == pytest.approx(
         adjusted_rand_score(list("aabb"), list("abab"))
     )
-    with pytest.raises(ValueError):
+    with pytest.raises(InputError):
         adjusted_rand_index([1], [1, 2])
 
 

@@ -18,6 +18,7 @@ from monitor.core.conformal import (
     weighted_reliability_lower_bound,
     weighted_threshold,
 )
+from monitor.core.errors import InputError
 from monitor.core.window import CalibrationWindow
 
 ALPHAS = (0.01, 0.05, 0.1, 0.2, 0.3)
@@ -136,7 +137,7 @@ def test_snapshot_of_an_empty_window() -> None:
     snap = CalibrationWindow(alphas=ALPHAS).snapshot(0.0)
     assert snap.n == 0 and snap.reliability_level == 0.0
     assert all(m == math.inf for m in snap.thresholds.values())
-    with pytest.raises(ValueError):
+    with pytest.raises(InputError):
         CalibrationWindow(alphas=ALPHAS).add("x", 0.0, 1.0, 0.0)
 
 

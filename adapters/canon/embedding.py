@@ -68,7 +68,7 @@ from typing import Any, Final, TypeVar
 import numpy as np
 
 from monitor.core.canon.base import INVALID, QueryContext
-from monitor.core.errors import CanonicalizationError, ConfigError
+from monitor.core.errors import CanonicalizationError, ConfigError, InputError
 from monitor.core.stability import adjusted_rand_index
 
 __all__ = [
@@ -122,7 +122,7 @@ def partition(
     """
     m = len(texts)
     if len(counts) != m or similarity.shape != (m, m):
-        raise ValueError("texts, counts and similarity disagree in size")
+        raise InputError("texts, counts and similarity disagree in size")
     sim = np.asarray(similarity, dtype=np.float64) + np.asarray(similarity, dtype=np.float64).T
     sim /= 2.0
     np.fill_diagonal(sim, 1.0)

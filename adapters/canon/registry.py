@@ -40,7 +40,7 @@ from monitor.core.canon import (
     get_canonicalizer,
 )
 from monitor.core.errors import ConfigError
-from monitor.engine.ports import ModelClient
+from monitor.engine.ports import CircuitState, ModelClient
 
 __all__ = [
     "ModelClientFactory",
@@ -216,6 +216,8 @@ class _ExtractThen:
 
 class _UnbuiltClient:
     """Stands in for the judge client while the options are checked; never called."""
+
+    circuit_state: CircuitState = "closed"
 
     async def sample(self, request: Mapping[str, Any], n: int) -> list[str]:
         raise AssertionError("unreachable")

@@ -156,6 +156,11 @@ _BEARER: list[dict[str, list[str]]] = [{"reviewToken": []}]
 
 
 def _review_paths() -> dict[str, Any]:
+    """The review API's paths, then the review page's."""
+    return {**_review_api_paths(), **_review_page_paths()}
+
+
+def _review_api_paths() -> dict[str, Any]:
     return {
         "/api/reviews/next": {
             "get": {
@@ -197,6 +202,11 @@ def _review_paths() -> dict[str, Any]:
                 },
             },
         },
+    }
+
+
+def _review_page_paths() -> dict[str, Any]:
+    return {
         "/api/review-page/verdicts/{item_id}": {
             "parameters": [_ITEM_ID, _SESSION],
             "post": {

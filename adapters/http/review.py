@@ -35,7 +35,7 @@ from aiohttp import web
 from adapters.http import expect as http_expect
 from adapters.http.openapi import openapi_document
 from adapters.http.review_page import ReviewPage
-from monitor.core.errors import ConfigError, InputError, RelmonError
+from monitor.core.errors import ConfigError, InputError, RelmonError, StateError
 from monitor.core.review import ReviewItem, Verdict, parse_verdict
 from monitor.engine.ports import VerdictHandler, VerdictOutcome
 
@@ -102,7 +102,7 @@ class ReviewServer:
     def bound_port(self) -> int:
         """The port actually listened on (useful with ``port=0``)."""
         if self._bound_port is None:
-            raise RuntimeError("ReviewServer is not started")
+            raise StateError("ReviewServer is not started")
         return self._bound_port
 
     def app(self) -> web.Application:
@@ -122,7 +122,7 @@ class ReviewServer:
     async def start(self) -> None:
         """Listen; :class:`ConfigError` if the address cannot be bound."""
         if self._runner is not None:
-            raise RuntimeError("ReviewServer already started")
+            raise StateError("ReviewServer already started")
         runner = web.AppRunner(
             self.app(), handle_signals=False, shutdown_timeout=self._shutdown_timeout
         )

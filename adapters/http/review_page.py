@@ -55,7 +55,7 @@ from typing import Literal, Protocol
 import structlog
 from aiohttp import web
 
-from monitor.core.errors import InputError, RelmonError
+from monitor.core.errors import ConfigError, InputError, RelmonError
 from monitor.core.review import ReviewItem, TaskProgress, Verdict, parse_verdict
 from monitor.engine.ports import Clock, SystemClock, VerdictHandler
 
@@ -155,7 +155,7 @@ class ReviewPage:
         clock: Clock | None = None,
     ) -> None:
         if not (lease_s > 0 and undo_s >= 0 and flush_every_s > 0):
-            raise ValueError("lease_s and flush_every_s must be > 0, undo_s >= 0")
+            raise ConfigError("lease_s and flush_every_s must be > 0, undo_s >= 0")
         self._store = store
         self._handler = handler
         self._progress = progress

@@ -35,19 +35,25 @@ from __future__ import annotations
 
 import json
 import uuid
-import zlib
-from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from typing import Any, Literal
 
 import aiohttp
 import structlog
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
-from multidict import CIMultiDict, CIMultiDictProxy
+from multidict import CIMultiDict
 from yarl import URL
 
 from adapters.http import expect as http_expect
-from monitor.core.errors import ConfigError, InputError
+from adapters.http.messages import (
+    HOP_BY_HOP_HEADERS,
+    answer_text,
+    json_response_text,
+    sse_response_text,
+    strip_hop_by_hop,
+)
+from monitor.core.errors import ConfigError, InputError, StateError
 from monitor.core.events import TrafficEvent, event_from_request, is_text, parse_event
 from monitor.engine.ports import EventSink
 
@@ -69,15 +75,8 @@ TaskResolver = Callable[[Mapping[str, str], str, Mapping[str, Any]], str | None]
 RejectCallback = Callable[[str, str], None]
 """``reject(source, reason)`` for malformed traffic (counted in metrics)."""
 
-# fmt: off
-HOP_BY_HOP_HEADERS = frozenset({
-    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
-    "proxy-connection", "te", "trailer", "trailers", "transfer-encoding", "upgrade",
-})
-# fmt: on
 _MAX_REQUEST_ID = 256
 _WHOLE_BODY_BYTES = 65_536
-_MAX_INFLATED_BYTES = 16 * 1_048_576
 _log = structlog.get_logger(__name__)
 
 LISTEN_BACKLOG = 1024
@@ -110,66 +109,6 @@ def header_task_resolver(
         return value
 
     return resolve
-
-
-def json_response_text(body: bytes) -> str | None:
-    """``choices[0].message.content`` of a chat completion body, ``None`` if absent."""
-    try:
-        content = json.loads(body)["choices"][0]["message"]["content"]
-    except (ValueError, KeyError, IndexError, TypeError, RecursionError):
-        return None
-    return content if isinstance(content, str) else None
-
-
-def sse_response_text(body: bytes) -> str | None:
-    """The concatenated ``choices[0].delta.content`` of an SSE stream, up to ``[DONE]``."""
-    parts: list[str] = []
-    for raw_line in body.splitlines():
-        line = raw_line.decode("utf-8", errors="replace")
-        if not line.startswith("data:"):
-            continue
-        payload = line[5:].strip()
-        if payload == "[DONE]":
-            break
-        try:
-            choices = json.loads(payload)["choices"]
-        except (ValueError, KeyError, TypeError, RecursionError):
-            continue
-        if not isinstance(choices, list):
-            continue
-        for choice in choices:
-            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
-                continue
-            delta = choice.get("delta")
-            content = delta.get("content") if isinstance(delta, dict) else None
-            if isinstance(content, str):
-                parts.append(content)
-    return "".join(parts) if parts else None
-
-
-def _decoded(body: bytes, encoding: str) -> bytes | None:
-    encoding = encoding.strip().lower()
-    if encoding in ("", "identity"):
-        return body
-    if encoding in ("gzip", "x-gzip", "deflate"):
-        inflate = zlib.decompressobj(wbits=47)  # gzip or zlib header, auto-detected
-        try:
-            out = inflate.decompress(body, _MAX_INFLATED_BYTES)
-        except zlib.error:
-            return None
-        # A body that inflates past the cap (a compression bomb) is not sampled.
-        return out if inflate.eof and not inflate.unconsumed_tail else None
-    return None  # br, zstd, …: the answer text stays unknown
-
-
-def _strip_hop_by_hop(headers: Iterable[tuple[str, str]], connection: str) -> CIMultiDict[str]:
-    named = {h.strip().lower() for h in connection.split(",") if h.strip()}
-    out: CIMultiDict[str] = CIMultiDict()
-    for name, value in headers:
-        low = name.lower()
-        if low not in HOP_BY_HOP_HEADERS and low not in named:
-            out.add(name, value)
-    return out
 
 
 def _request_id(headers: Mapping[str, str]) -> str:
@@ -253,13 +192,13 @@ class TrafficServer:
     def bound_port(self) -> int:
         """The port actually listened on (useful with ``port=0``)."""
         if self._bound_port is None:
-            raise RuntimeError("TrafficServer is not started")
+            raise StateError("TrafficServer is not started")
         return self._bound_port
 
     async def start(self) -> None:
         """Listen; :class:`ConfigError` if the address cannot be bound."""
         if self._runner is not None:
-            raise RuntimeError("TrafficServer already started")
+            raise StateError("TrafficServer already started")
         app = web.Application(client_max_size=self._max_body)
         handler = self._mirror if self._mode == "mirror" else self._proxy
         app.router.add_route("*", "/{tail:.*}", handler)
@@ -353,7 +292,7 @@ class TrafficServer:
                 body = None
                 if sample:
                     self._reject("proxy", "oversize")
-        headers = _strip_hop_by_hop(request.headers.items(), request.headers.get("Connection", ""))
+        headers = strip_hop_by_hop(request.headers.items(), request.headers.get("Connection", ""))
         headers.popall("Host", None)
         headers.popall("Expect", None)  # the body is already read; 100-continue was answered
         url = URL(self._upstream + request.raw_path, encoded=True)
@@ -372,7 +311,7 @@ class TrafficServer:
         finally:
             upstream.close()  # after a full read the connection is already back in the pool
         if captured is not None and body is not None:
-            text = _answer_text(captured, upstream.headers)
+            text = answer_text(captured, upstream.headers)
             self._offer("proxy", request.headers, request.path, body, text)
         return resp
 
@@ -384,9 +323,7 @@ class TrafficServer:
         With ``keep``, also returns the body (up to ``max_body_bytes``) once the whole
         exchange completed, for sampling; ``None`` otherwise.
         """
-        headers = _strip_hop_by_hop(
-            upstream.headers.items(), upstream.headers.get("Connection", "")
-        )
+        headers = strip_hop_by_hop(upstream.headers.items(), upstream.headers.get("Connection", ""))
         if _small_and_whole(request.method, upstream):
             return await self._relay_whole(request, upstream, headers, keep=keep)
         resp = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
@@ -459,7 +396,7 @@ class TrafficServer:
         try:
             self._sink(event, source)
         except Exception:
-            _log.exception("traffic_sink_failed", source=source, item_id=event.id)
+            _log.exception("traffic_sink_failed", source=source, event_id=event.id)
             self._reject(source, "internal error")  # still counted under a decision
 
     def _event(
@@ -493,15 +430,6 @@ def _small_and_whole(method: str, upstream: aiohttp.ClientResponse) -> bool:
         and upstream.status not in (204, 304)
         and not upstream.headers.get("Content-Type", "").startswith("text/event-stream")
     )
-
-
-def _answer_text(body: bytes, headers: CIMultiDictProxy[str]) -> str | None:
-    decoded = _decoded(body, headers.get("Content-Encoding", ""))
-    if decoded is None:
-        return None
-    if headers.get("Content-Type", "").lower().startswith("text/event-stream"):
-        return sse_response_text(decoded)
-    return json_response_text(decoded)
 
 
 class _AccessLogger(AbstractAccessLogger):

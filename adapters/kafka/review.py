@@ -27,11 +27,12 @@ The calibration window's order is the verdict's place in the verdict log,
 ``(timestamp, partition, offset)``: the verdict consumer hands it over with each verdict
 (:attr:`monitor.core.review.Verdict.position`) and the replay computes the same key, so the
 window holds the same verdicts live and after a restart, however the partitions were
-interleaved and however long a verdict waited for its item. Each replayed verdict's ACI
-step (:attr:`monitor.engine.ports.CalibrationRecord.aci_miss`) is derived as live: its score
-against the review item's ``aci_threshold``. ACI's alpha_t depends only on how many
-steps and misses there were (:class:`monitor.core.conformal.AdaptiveAlpha`), not on their
-order, so the live alpha_t (verdicts applied in the order they arrived) and the
+interleaved and however long a verdict waited for its item. Each replayed verdict becomes
+a record by the same rule as live (:func:`monitor.engine.verdicts.calibration_record`,
+scored by the service's :class:`~monitor.engine.verdicts.VerdictScorer`), its ACI step
+included: its score against the review item's ``aci_threshold``. ACI's alpha_t depends
+only on how many steps and misses there were (:class:`monitor.core.conformal.AdaptiveAlpha`),
+not on their order, so the live alpha_t (verdicts applied in the order they arrived) and the
 restored one (verdicts replayed in log order) are the same.
 """
 
@@ -50,10 +51,11 @@ import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 
-from adapters.kafka.source import CONNECT_ERRORS, KafkaUnavailableError
+from adapters.kafka.connection import CONNECT_ERRORS, KafkaUnavailableError
 from monitor.core.errors import ConfigError, InputError
-from monitor.core.review import ReviewItem, Verdict, aci_miss, parse_verdict
+from monitor.core.review import ReviewItem, Verdict, parse_verdict
 from monitor.engine.ports import CalibrationRecord
+from monitor.engine.verdicts import calibration_record, ranks_beyond_candidates
 
 __all__ = [
     "TOO_DEEP",
@@ -229,20 +231,12 @@ class KafkaCalibrationStore:
             if verdict.item_id in verdicted:
                 self.duplicate_verdicts += 1
                 continue
-            if any(r > len(item.candidates) for r in verdict.accepted_ranks):
+            if ranks_beyond_candidates(item, verdict):
                 self.invalid_records += 1
                 continue
             verdicted.add(verdict.item_id)
-            score = self._score(item, verdict)
-            scored = CalibrationRecord(
-                model=item.model,
-                task=item.task,
-                item_id=item.item_id,
-                score=score,
-                inclusion_probability=item.inclusion_probability,
-                sampled_at=item.sampled_at,
-                order=log_position(record),
-                aci_miss=aci_miss(item, score),
+            scored = calibration_record(
+                item, self._score(item, verdict), order=log_position(record)
             )
             self._records.setdefault(item.item_id, scored)
             out.append(scored)
@@ -278,6 +272,10 @@ class KafkaCalibrationStore:
 
     def has_review_item(self, item_id: str) -> bool:
         return item_id in self._items
+
+    async def recent_item_ids(self, limit: int) -> list[str]:
+        """None: every replayed review item is known to :meth:`has_review_item`."""
+        return []
 
     async def get_review_item(self, item_id: str) -> ReviewItem | None:
         return self._items.get(item_id)

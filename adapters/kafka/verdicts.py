@@ -18,14 +18,7 @@ import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 
-from adapters.kafka.review import (
-    TOO_DEEP,
-    KafkaCalibrationStore,
-    KafkaReviewQueue,
-    log_position,
-    review_item_of,
-)
-from adapters.kafka.source import (
+from adapters.kafka.connection import (
     CLIENT_OPTION_KEYS,
     CONNECT_ERRORS,
     METADATA_MAX_AGE_MS,
@@ -35,7 +28,14 @@ from adapters.kafka.source import (
     dead_letter_headers,
     has_live_connection,
 )
-from monitor.core.errors import ConfigError, InputError
+from adapters.kafka.review import (
+    TOO_DEEP,
+    KafkaCalibrationStore,
+    KafkaReviewQueue,
+    log_position,
+    review_item_of,
+)
+from monitor.core.errors import ConfigError, InputError, StateError
 from monitor.core.review import ReviewItem, Verdict, parse_verdict
 from monitor.engine.ports import VerdictHandler
 
@@ -136,7 +136,7 @@ class KafkaVerdictConsumer:
     async def start(self) -> None:
         """Connect, and take over the store's replay: its positions and leftovers."""
         if self._consumer is not None:
-            raise RuntimeError("KafkaVerdictConsumer already started")
+            raise StateError("KafkaVerdictConsumer already started")
         self._next = dict(self._store.positions)
         await self._connect()
         deadline = asyncio.get_running_loop().time() + self._wait_s
@@ -150,7 +150,7 @@ class KafkaVerdictConsumer:
         positions, the waiting verdicts and the dead letters not written yet; the next
         :meth:`run` goes on from the first record not handled."""
         if self._closed:
-            raise RuntimeError("KafkaVerdictConsumer is stopped")
+            raise StateError("KafkaVerdictConsumer is stopped")
         await self._close_clients()
         self._consumer = self._producer = None
         self._assigned = frozenset()
@@ -197,7 +197,7 @@ class KafkaVerdictConsumer:
         if self._stopping.is_set():
             return  # stopped before it ran
         if consumer is None:
-            raise RuntimeError("KafkaVerdictConsumer is not started")
+            raise StateError("KafkaVerdictConsumer is not started")
         loop = asyncio.get_running_loop()
         self._run_exited.clear()
         order = {t: i for i, t in enumerate(self._store.topics)}
@@ -256,6 +256,11 @@ class KafkaVerdictConsumer:
     @property
     def topic(self) -> str:
         return ",".join(self._store.topics)
+
+    @property
+    def paused(self) -> bool:
+        """Never: verdicts are applied as they come (the budget paces traffic only)."""
+        return False
 
     def _next_offset(self, tp: TopicPartition) -> int | None:
         """The first record of ``tp`` not handled yet (``_next`` is replaced at start)."""

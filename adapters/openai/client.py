@@ -72,7 +72,8 @@ from typing import Any, Final, Literal, get_args
 
 import aiohttp
 
-from monitor.core.errors import ConfigError, ModelCallError
+from adapters.openai.limits import CircuitBreaker, TokenBucket
+from monitor.core.errors import ConfigError, InputError, ModelCallError
 from monitor.engine.ports import Clock, SystemClock
 
 __all__ = [
@@ -137,28 +138,28 @@ def build_body(
 def parse_completion(raw: bytes) -> list[str]:
     """The texts of the choices of a chat-completion body, in order.
 
-    ``content: null`` gives ``""``. Raises :class:`ValueError` with a short reason (never
-    the body itself) for anything that is not a well-formed completion.
+    ``content: null`` gives ``""``. Raises :class:`~monitor.core.errors.InputError` with a
+    short reason (never the body itself) for anything that is not a well-formed completion.
     """
     try:
         obj = json.loads(raw)
     except (ValueError, RecursionError):
-        raise ValueError("body is not JSON") from None
+        raise InputError("body is not JSON") from None
     choices = obj.get("choices") if isinstance(obj, dict) else None
     if not isinstance(choices, list) or not choices:
-        raise ValueError("body has no non-empty 'choices' list")
+        raise InputError("body has no non-empty 'choices' list")
     texts: list[str] = []
     for choice in choices:
         message = choice.get("message") if isinstance(choice, dict) else None
         if not isinstance(message, dict) or "content" not in message:
-            raise ValueError("a choice has no 'message.content'")
+            raise InputError("a choice has no 'message.content'")
         content = message["content"]
         if content is None:
             texts.append("")
         elif isinstance(content, str):
             texts.append(content)
         else:
-            raise ValueError(f"a choice's content is a {type(content).__name__}, not a string")
+            raise InputError(f"a choice's content is a {type(content).__name__}, not a string")
     return texts
 
 
@@ -197,70 +198,6 @@ class _CallError(Exception):
         self.outcome: Outcome = outcome
         self.status = status
         self.retry_after = retry_after
-
-
-class _Breaker:
-    """Consecutive-failure circuit breaker with a single half-open trial."""
-
-    def __init__(self, threshold: int, cooldown_s: float, clock: Clock) -> None:
-        self._threshold = threshold
-        self._cooldown_s = cooldown_s
-        self._clock = clock
-        self._failures = 0
-        self._opened_at: float | None = None
-        self._trial_busy = False
-
-    @property
-    def state(self) -> Literal["closed", "open", "half_open"]:
-        if self._opened_at is None:
-            return "closed"
-        if self._trial_busy or self._clock.monotonic() - self._opened_at >= self._cooldown_s:
-            return "half_open"
-        return "open"
-
-    def admit(self) -> tuple[bool, bool]:
-        """(allowed, is_trial)."""
-        if self._opened_at is None:
-            return True, False
-        if self._trial_busy or self._clock.monotonic() - self._opened_at < self._cooldown_s:
-            return False, False
-        self._trial_busy = True
-        return True, True
-
-    def record(self, ok: bool, trial: bool) -> None:
-        if trial:
-            self._trial_busy = False
-        if ok:
-            self._failures = 0
-            self._opened_at = None
-            return
-        self._failures += 1
-        if trial or self._failures >= self._threshold:
-            self._opened_at = self._clock.monotonic()
-
-    def release(self, trial: bool) -> None:
-        """A call ended without a result (cancelled): free the trial slot."""
-        if trial:
-            self._trial_busy = False
-
-
-class _TokenBucket:
-    """Reservation-based token bucket: ``rate`` per second, bursts up to max(1, rate)."""
-
-    def __init__(self, rate: float, clock: Clock) -> None:
-        self._rate = rate
-        self._capacity = max(1.0, rate)
-        self._tokens = self._capacity
-        self._clock = clock
-        self._stamp: float | None = None
-
-    def reserve(self) -> float:
-        """Take a token; the seconds to wait before using it."""
-        now = self._clock.monotonic()
-        elapsed = 0.0 if self._stamp is None else now - self._stamp
-        self._stamp = now
-        self._tokens = min(self._capacity, self._tokens + elapsed * self._rate) - 1.0
-        return 0.0 if self._tokens >= 0 else -self._tokens / self._rate
 
 
 class OpenAIClient:
@@ -334,9 +271,9 @@ class OpenAIClient:
         self._rng = rng if rng is not None else random.Random()
         self._slots = asyncio.Semaphore(self._concurrency)
         self._bucket = (
-            _TokenBucket(rate_limit_per_s, self._clock) if rate_limit_per_s is not None else None
+            TokenBucket(rate_limit_per_s, self._clock) if rate_limit_per_s is not None else None
         )
-        self._breaker = _Breaker(breaker_threshold, float(breaker_cooldown_s), self._clock)
+        self._breaker = CircuitBreaker(breaker_threshold, float(breaker_cooldown_s), self._clock)
         self._session: aiohttp.ClientSession | None = None
         self._closed = False
 
@@ -365,7 +302,7 @@ class OpenAIClient:
     async def sample(self, request: Mapping[str, Any], n: int) -> list[str]:
         """``n`` completion texts for ``request``; :class:`ModelCallError` if any call fails."""
         if n < 0:
-            raise ValueError(f"n must be >= 0, got {n}")
+            raise ConfigError(f"n must be >= 0, got {n}")
         if n == 0:
             return []
         body = build_body(
@@ -485,7 +422,7 @@ class OpenAIClient:
             ) from None
         try:
             return parse_completion(raw)
-        except ValueError as exc:
+        except InputError as exc:
             raise _CallError("invalid_response", f"invalid response: {exc}") from None
 
     def _status_failure(self, resp: aiohttp.ClientResponse) -> _CallError:

@@ -1,8 +1,10 @@
 """``relmon run``: build the service from settings, run it, drain on SIGTERM.
 
-A TaskGroup runs the sources, the workers, the HTTP servers and the periodic metrics
-refresh. ``drain=True`` (arq's burst mode) stops once traffic, work and verdicts have
-been quiet for ``idle_s`` seconds, which makes end-to-end runs deterministic.
+The composition root: the one place (with :mod:`monitor.app.wiring`) that picks the
+adapters behind the engine's ports. A TaskGroup-like set of tasks runs the sources, the
+workers, the HTTP servers and the periodic metrics refresh. ``drain=True`` (arq's burst
+mode) stops once traffic, work and verdicts have been quiet for ``idle_s`` seconds,
+which makes end-to-end runs deterministic.
 """
 
 from __future__ import annotations
@@ -10,10 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import os
-import secrets
 import signal
-import tempfile
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,127 +21,26 @@ from typing import Any
 import structlog
 from prometheus_client import CollectorRegistry, generate_latest
 
-from adapters.canon.registry import get_async_canonicalizer
 from adapters.http.metrics import MetricsServer
 from adapters.http.review import ReviewServer
 from adapters.http.review_page import ReviewPage
 from adapters.http.traffic import TrafficServer
 from adapters.kafka.clients import client_options, connection_problem, group_options
-from adapters.kafka.review import (
-    KafkaCalibrationStore,
-    KafkaReviewQueue,
-    durable_producer,
-    start_producer,
-)
 from adapters.kafka.source import KafkaEventSource
 from adapters.kafka.verdicts import KafkaVerdictConsumer
-from adapters.openai.client import OUTCOMES, OpenAIClient
-from adapters.sqlite.store import SqliteStore
-from monitor.app.logs import configure_logging
+from monitor.app.supervision import supervise
 from monitor.app.validation import validate_settings
-from monitor.config import Settings, TaskSettings
-from monitor.core.canon import get_canonicalizer
-from monitor.core.canon.base import Canonicalizer
+from monitor.app.wiring import ReviewBackend, build_review_backend, build_task, query_hash_key
+from monitor.config import Settings
 from monitor.core.errors import ConfigError, RelmonError
-from monitor.core.review import verdict_score
-from monitor.core.stopping import get_stopping_rule
 from monitor.engine.metrics import Metrics
-from monitor.engine.ports import CalibrationStore, ReviewQueue
-from monitor.engine.service import MonitorService, TaskRuntime
+from monitor.engine.ports import CalibrationStore, Source
+from monitor.engine.service import MonitorService
+from monitor.engine.verdicts import VerdictScorer
 
-__all__ = [
-    "QUERY_HASH_KEY_FILE",
-    "Running",
-    "configure_logging",
-    "query_hash_key",
-    "run_service",
-    "start_service",
-    "supervise",
-]
-
-QUERY_HASH_KEY_FILE = "query-hash.key"
+__all__ = ["Running", "run_service", "start_service"]
 
 log = structlog.get_logger("relmon")
-
-_ASYNC_ONLY = frozenset({"embedding", "llm"})
-
-
-def query_hash_key(settings: Settings) -> bytes:
-    """The key of the logged query hash: ``query_hash_key`` or ``query_hash_key_file``,
-    else the one generated into ``state_dir/query-hash.key`` (mode 0600) at the first
-    start and reused."""
-    configured = settings.resolved_query_hash_key()
-    if configured is not None:
-        return configured.encode("utf-8")
-    settings.state_dir.mkdir(parents=True, exist_ok=True)
-    path = settings.state_dir / QUERY_HASH_KEY_FILE
-    if not path.exists():
-        # Written whole under another name, then linked: a crash never leaves a
-        # half-written key, and two starting processes agree on one key.
-        fd, tmp = tempfile.mkstemp(dir=settings.state_dir, prefix=".query-hash.")
-        try:
-            os.fchmod(fd, 0o600)
-            os.write(fd, secrets.token_hex(32).encode("ascii"))
-            os.fsync(fd)
-            os.close(fd)
-            with contextlib.suppress(FileExistsError):
-                os.link(tmp, path)
-        finally:
-            os.unlink(tmp)
-        log.info("query_hash_key_created", path=str(path))
-    try:
-        mode = path.stat().st_mode & 0o777
-        key = path.read_bytes().strip()
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read the query hash key: {exc.strerror}") from None
-    if mode & 0o077:
-        log.warning("query_hash_key_readable_by_others", path=str(path), mode=oct(mode))
-    if len(key) < 32:
-        raise ConfigError(f"{path}: the query hash key is too short (delete it to regenerate)")
-    return key
-
-
-def _judge_client(*, endpoint: str, model: str, **options: Any) -> OpenAIClient:
-    """The ``llm`` canonicalizer's judge: deterministic, temperature 0 (paper §3.3)."""
-    options.setdefault("max_tokens", 32)
-    return OpenAIClient(base_url=endpoint, model=model, temperature=0.0, **options)
-
-
-def build_task(task: TaskSettings, metrics: Metrics) -> TaskRuntime:
-    endpoint = task.endpoint
-    model = endpoint.model or task.match.model
-    if model is None:  # validate_settings reports this first
-        raise ConfigError(f"task {task.name!r}: set endpoint.model (or match.model)")
-    calls = metrics.model_calls
-
-    def outcome(name: str) -> None:
-        calls.labels(model, task.name, name).inc()
-
-    client = OpenAIClient(
-        base_url=endpoint.base_url,
-        model=model,
-        api_key=endpoint.resolved_api_key(),
-        temperature=endpoint.temperature,
-        max_tokens=endpoint.max_tokens,
-        timeout_s=endpoint.timeout_s,
-        concurrency=endpoint.concurrency,
-        rate_limit_per_s=endpoint.rate_limit_per_s,
-        supports_n=endpoint.supports_n,
-        retries=endpoint.retry_limits(),
-        breaker_threshold=endpoint.circuit_breaker.failures,
-        breaker_cooldown_s=endpoint.circuit_breaker.cooldown_s,
-        on_outcome=outcome,
-    )
-    spec, options = task.canonicalizer_spec()
-    canonicalizer = get_async_canonicalizer(spec, model_client_factory=_judge_client, **options)
-    # For verdicts that type the answer instead of picking a rank (sync canonicalizers only).
-    async_only = task.canonicalizer.strip().lower() in _ASYNC_ONLY  # answer_pattern or not
-    sync: Canonicalizer | None = None if async_only else get_canonicalizer(spec, **options)
-
-    rule = get_stopping_rule(
-        task.stopping_rule, k0=task.k0, k_max=task.k_max, delta=task.delta, futility=task.futility
-    )
-    return TaskRuntime(task, canonicalizer, rule, client, sync, client_outcomes=OUTCOMES)
 
 
 @dataclass
@@ -156,7 +54,7 @@ class Running:
     metrics_server: MetricsServer | None
     review_server: ReviewServer | None
     traffic_server: TrafficServer | None
-    sources: list[Any] = field(default_factory=list)
+    sources: list[Source] = field(default_factory=list)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     started: bool = False
@@ -176,7 +74,7 @@ class Running:
         reasons += [] if self.service.loaded else ["calibration windows not loaded"]
         reasons += [
             f"Kafka broker not reachable ({type(s).__name__}, topic {s.topic})"
-            if hasattr(s, "topic")
+            if s.topic is not None
             else f"{type(s).__name__} not connected"
             for s in self.sources
             if not s.connected
@@ -231,48 +129,19 @@ async def _start_service(settings: Settings, *, review_token: str | None) -> Run
     for warning in validate_settings(settings, review_token=review_token):
         log.warning("config_warning", message=warning)
     registry = CollectorRegistry()
-    k_max = max(t.k_max for t in settings.tasks)
-    metrics = Metrics(registry, k_max=k_max)
+    metrics = Metrics(registry, k_max=max(t.k_max for t in settings.tasks))
     tasks = [build_task(t, metrics) for t in settings.tasks]
     closers: list[Callable[[], Awaitable[None]]] = [t.client.aclose for t in tasks]
-    sources: list[Any] = []
-    review_queue: ReviewQueue
-    store: CalibrationStore
     redactor = settings.redaction.redactor()
-    kafka_store: Any = None  # with review.backend kafka: its store and queue
-    kafka_queue: Any = None
-    kafka_options: dict[str, Any] = {}
-    if settings.kafka.enabled:
-        kafka_options = client_options(settings.kafka)  # one SSL context for every client
-    if settings.review.backend == "kafka":
-        by_name = {t.name: t for t in tasks}
-
-        def score(item: Any, verdict: Any) -> float:
-            task = by_name.get(item.task)
-            canonicalizer = redactor.for_verdicts(task.sync_canonicalizer if task else None)
-            return verdict_score(item, verdict, canonicalizer)
-
-        store = kafka_store = KafkaCalibrationStore(
-            settings.kafka.bootstrap_servers,
-            settings.kafka.review_topic,
-            settings.kafka.verdict_topic,
-            score,
-            dead_letter_topic=settings.kafka.verdict_dead_letter_topic,
-            **kafka_options,
-        )
-        producer = durable_producer(settings.kafka.bootstrap_servers, **kafka_options)
-        await start_producer(producer, settings.kafka.bootstrap_servers)
-        closers.append(producer.stop)
-        review_queue = kafka_queue = KafkaReviewQueue(producer, settings.kafka.review_topic)
-    else:
-        settings.state_dir.mkdir(parents=True, exist_ok=True)
-        sqlite = SqliteStore(Path(settings.state_dir) / "relmon.sqlite3")
-        store = review_queue = sqlite
-    closers.append(store.aclose)
+    # One SSL context for every Kafka client.
+    kafka_options = client_options(settings.kafka) if settings.kafka.enabled else {}
+    scorer = VerdictScorer({t.name: t for t in tasks}, redactor)
+    backend = await build_review_backend(settings, scorer, kafka_options)
+    closers += [*backend.closers, backend.store.aclose]
     service = MonitorService(
         tasks,
-        store=store,
-        review_queue=review_queue,
+        store=backend.store,
+        review_queue=backend.queue,
         metrics=metrics,
         budget=settings.budget,
         seed=settings.seed or 0,
@@ -281,19 +150,19 @@ async def _start_service(settings: Settings, *, review_token: str | None) -> Run
         redactor=redactor,
     )
     await service.load()
-    if kafka_store is not None:  # the queue's depth starts from the replayed items
-        for item_id in kafka_store.pending_item_ids():
-            kafka_queue.item_seen(item_id)
+    if backend.kafka_store is not None and backend.kafka_queue is not None:
+        # The queue's depth starts from the replayed items.
+        for pending in backend.kafka_store.pending_item_ids():
+            backend.kafka_queue.item_seen(pending)
     service.start()
     running = Running(
         settings=settings,
         service=service,
         registry=registry,
-        store=store,
+        store=backend.store,
         metrics_server=None,
         review_server=None,
         traffic_server=None,
-        sources=sources,
         closers=closers,
     )
     metrics_server = MetricsServer(
@@ -307,88 +176,11 @@ async def _start_service(settings: Settings, *, review_token: str | None) -> Run
     running.metrics_server = metrics_server
     await metrics_server.start()
     closers.append(metrics_server.stop)
-    if settings.review.backend == "http":
-        token = review_token or settings.resolved_review_token()
-        if not token:  # validate_settings reports this first
-            raise ConfigError("review.token: the review API needs a token")
-        assert isinstance(store, SqliteStore)
-        running.review_server = ReviewServer(
-            store=store,
-            handler=service.apply_verdict,
-            token=token,
-            host=settings.review.host,
-            port=settings.review.port,
-            page=ReviewPage(
-                store=store,
-                handler=service.apply_verdict,
-                progress=service.review_progress,
-                lease_s=settings.review.lease_s,
-                undo_s=settings.review.undo_s,
-            ),
-        )
-        await running.review_server.start()
-        closers.append(running.review_server.stop)
-    else:
-        verdicts = KafkaVerdictConsumer(
-            kafka_store,
-            service.apply_verdict,
-            service.reject_verdict,
-            wait_s=settings.kafka.verdict_wait_s,
-            review_queue=kafka_queue,
-            on_item=service.note_review_item,
-            lag_gauge=metrics.kafka_consumer_lag,
-        )
-        metrics.init_source(verdicts.source_name, traffic=False)
-        await verdicts.start()
-        sources.append(verdicts)
-    if settings.traffic.mode != "off":
-        metrics.init_source(settings.traffic.mode)
-        header = settings.traffic.task_header
-        running.traffic_server = TrafficServer(
-            sink=service.offer,
-            reject=service.reject,
-            task_resolver=lambda h, p, b: service.resolve_task_name(h, p, b, header),
-            mode=settings.traffic.mode,
-            host=settings.traffic.host,
-            port=settings.traffic.port,
-            upstream_url=settings.traffic.upstream_url,
-            max_body_bytes=settings.traffic.max_body_bytes,
-        )
-        await running.traffic_server.start()
-        if running.review_server is not None:  # described in the review port's /openapi.json
-            host, port = settings.traffic.host, running.traffic_server.bound_port
-            running.review_server.traffic_url = f"http://{host}:{port}"
+    await _start_review(running, backend, metrics, review_token)
+    await _start_traffic(running, metrics)
     if settings.kafka.enabled:
-        metrics.init_source("kafka")
-        source = KafkaEventSource(
-            settings.kafka.bootstrap_servers,
-            settings.kafka.traffic_topic,
-            settings.kafka.group_id,
-            settings.kafka.dead_letter_topic,
-            functools.partial(service.offer, wait=True),  # paced by the budget, never dropped
-            service.reject,
-            lag_gauge=metrics.kafka_consumer_lag,
-            **kafka_options,
-            **group_options(settings.kafka),
-        )
-        await source.start()
-        sources.append(source)
-    explain: Callable[[], Awaitable[str | None]] | None = None
-    if settings.kafka.enabled:  # every source is a Kafka client
-        explain = functools.partial(
-            connection_problem, settings.kafka.bootstrap_servers, kafka_options
-        )
-    running.tasks = [
-        asyncio.create_task(
-            supervise(
-                s,
-                on_restart=metrics.source_restarts.labels(s.source_name).inc,
-                explain=explain,
-            ),
-            name=f"relmon-{type(s).__name__}",
-        )
-        for s in sources
-    ]
+        await _start_kafka_source(running, metrics, kafka_options)
+    _supervise_sources(running, metrics, kafka_options)
     log.info(
         "relmon_started",
         tasks=[t.name for t in tasks],
@@ -401,58 +193,107 @@ async def _start_service(settings: Settings, *, review_token: str | None) -> Run
     return running
 
 
-async def supervise(
-    source: Any,
-    *,
-    max_delay_s: float = 30.0,
-    on_restart: Callable[[], None] | None = None,
-    explain: Callable[[], Awaitable[str | None]] | None = None,
+async def _start_review(
+    running: Running, backend: ReviewBackend, metrics: Metrics, review_token: str | None
 ) -> None:
-    """Run ``source`` until it stops; after a failure, restart it if it can.
+    """The review API and page on the SQLite store, or the Kafka verdict follower."""
+    settings, service = running.settings, running.service
+    if backend.sqlite is not None:
+        token = review_token or settings.resolved_review_token()
+        if not token:  # validate_settings reports this first
+            raise ConfigError("review.token: the review API needs a token")
+        running.review_server = ReviewServer(
+            store=backend.sqlite,
+            handler=service.apply_verdict,
+            token=token,
+            host=settings.review.host,
+            port=settings.review.port,
+            page=ReviewPage(
+                store=backend.sqlite,
+                handler=service.apply_verdict,
+                progress=service.review_progress,
+                lease_s=settings.review.lease_s,
+                undo_s=settings.review.undo_s,
+            ),
+        )
+        await running.review_server.start()
+        running.closers.append(running.review_server.stop)
+        return
+    assert backend.kafka_store is not None  # review.backend kafka
+    verdicts = KafkaVerdictConsumer(
+        backend.kafka_store,
+        service.apply_verdict,
+        service.reject_verdict,
+        wait_s=settings.kafka.verdict_wait_s,
+        review_queue=backend.kafka_queue,
+        on_item=service.note_review_item,
+        lag_gauge=metrics.kafka_consumer_lag,
+    )
+    metrics.init_source(verdicts.source_name, traffic=False)
+    await verdicts.start()
+    running.sources.append(verdicts)
 
-    A source with a ``restart`` method (the Kafka traffic source, the verdict follower)
-    is connected again after 1, 2, 4 ... up to ``max_delay_s`` seconds until that works,
-    then run again; meanwhile ``/readyz`` reports it not connected. ``on_restart`` is
-    called after each successful restart (the service counts them in
-    ``relmon_source_restarts_total``). Other sources' failures are logged and end their
-    task. ``explain`` says why the cluster refuses a connection (a certificate that
-    expired, a password that changed): asked once at the first failed restart of an
-    outage, and logged as ``source_unreachable``.
-    """
-    while True:
-        try:
-            await source.run()
-            return
-        except RelmonError as exc:
-            restart = getattr(source, "restart", None)
-            log.error(
-                "source_failed",
-                source=type(source).__name__,
-                error=str(exc),
-                restarting=restart is not None,
-            )
-            if restart is None:
-                raise
-        delay = 1.0
-        explained = explain is None
-        while True:
-            await asyncio.sleep(delay)
-            if getattr(source, "stopped", False):
-                return
-            try:
-                await restart()
-                break
-            except RelmonError as exc:
-                log.warning("source_restart_failed", source=type(source).__name__, error=str(exc))
-                delay = min(2 * delay, max_delay_s)
-                if not explained and explain is not None:
-                    explained = True
-                    problem = await explain()
-                    if problem is not None:
-                        log.error("source_unreachable", source=type(source).__name__, why=problem)
-        if on_restart is not None:
-            on_restart()
-        log.info("source_restarted", source=type(source).__name__)
+
+async def _start_traffic(running: Running, metrics: Metrics) -> None:
+    """The mirror or proxy listener, unless ``traffic.mode`` is off."""
+    settings, service = running.settings, running.service
+    if settings.traffic.mode == "off":
+        return
+    metrics.init_source(settings.traffic.mode)
+    header = settings.traffic.task_header
+    running.traffic_server = TrafficServer(
+        sink=service.offer,
+        reject=service.reject,
+        task_resolver=lambda h, p, b: service.resolve_task_name(h, p, b, header),
+        mode=settings.traffic.mode,
+        host=settings.traffic.host,
+        port=settings.traffic.port,
+        upstream_url=settings.traffic.upstream_url,
+        max_body_bytes=settings.traffic.max_body_bytes,
+    )
+    await running.traffic_server.start()
+    if running.review_server is not None:  # described in the review port's /openapi.json
+        host, port = settings.traffic.host, running.traffic_server.bound_port
+        running.review_server.traffic_url = f"http://{host}:{port}"
+
+
+async def _start_kafka_source(
+    running: Running, metrics: Metrics, kafka_options: dict[str, Any]
+) -> None:
+    """The Kafka traffic source: paced by the budget, never dropping."""
+    kafka, service = running.settings.kafka, running.service
+    metrics.init_source("kafka")
+    source = KafkaEventSource(
+        kafka.bootstrap_servers,
+        kafka.traffic_topic,
+        kafka.group_id,
+        kafka.dead_letter_topic,
+        functools.partial(service.offer, wait=True),
+        service.reject,
+        lag_gauge=metrics.kafka_consumer_lag,
+        **kafka_options,
+        **group_options(kafka),
+    )
+    await source.start()
+    running.sources.append(source)
+
+
+def _supervise_sources(running: Running, metrics: Metrics, kafka_options: dict[str, Any]) -> None:
+    kafka = running.settings.kafka
+    explain: Callable[[], Awaitable[str | None]] | None = None
+    if kafka.enabled:  # every source is a Kafka client
+        explain = functools.partial(connection_problem, kafka.bootstrap_servers, kafka_options)
+    running.tasks = [
+        asyncio.create_task(
+            supervise(
+                s,
+                on_restart=metrics.source_restarts.labels(s.source_name).inc,
+                explain=explain,
+            ),
+            name=f"relmon-{type(s).__name__}",
+        )
+        for s in running.sources
+    ]
 
 
 def _activity(service: MonitorService) -> tuple[int, ...]:
@@ -461,7 +302,7 @@ def _activity(service: MonitorService) -> tuple[int, ...]:
 
 
 async def _wait_idle(
-    service: MonitorService, idle_s: float, poll_s: float = 0.2, sources: Sequence[Any] = ()
+    service: MonitorService, idle_s: float, poll_s: float = 0.2, sources: Sequence[Source] = ()
 ) -> None:
     """Return once nothing happened for ``idle_s`` after the first activity, or for
     5 x ``idle_s`` if nothing ever happens (sources may take seconds to join a group).
@@ -472,7 +313,7 @@ async def _wait_idle(
         await asyncio.sleep(poll_s)
         waited += poll_s
         now = _activity(service)
-        busy = service.in_flight > 0 or any(getattr(s, "paused", False) for s in sources)
+        busy = service.in_flight > 0 or any(s.paused for s in sources)
         quiet = quiet + poll_s if now == last and not busy else 0.0
         last = now
         if quiet >= idle_s and (now != start or waited >= 5 * idle_s):

@@ -13,7 +13,8 @@ from typing import Any
 import structlog
 
 from monitor.app.demo import run_demo
-from monitor.app.runner import configure_logging, run_service
+from monitor.app.logs import configure_logging
+from monitor.app.runner import run_service
 from monitor.app.validation import validate_settings
 from monitor.config import effective_settings, load_settings
 

@@ -15,7 +15,13 @@ from pathlib import Path
 from adapters.canon.registry import check_canonicalizer
 from adapters.kafka.clients import build_ssl_context
 from monitor.config.messages import task_label
-from monitor.config.schema import MAX_RETRIES_PER_OUTCOME, KafkaSettings, Settings, TaskSettings
+from monitor.config.schema import (
+    MAX_RETRIES_PER_OUTCOME,
+    KafkaSettings,
+    KafkaTlsSettings,
+    Settings,
+    TaskSettings,
+)
 from monitor.config.secrets import given_twice
 from monitor.core.errors import ConfigError
 from monitor.core.stopping import get_stopping_rule
@@ -107,6 +113,33 @@ def _file_problem(path: Path) -> str | None:
     return None
 
 
+def _kafka_tls_problems(tls: KafkaTlsSettings, *, others: bool) -> list[str]:
+    """The TLS files: both halves of a client certificate, readable, and (when nothing
+    else is wrong, ``others`` False) an SSL context built from them."""
+    problems: list[str] = []
+    if (tls.cert_file is None) != (tls.key_file is None):
+        given, missing = (
+            ("cert_file", "key_file") if tls.key_file is None else ("key_file", "cert_file")
+        )
+        problems.append(
+            f"kafka.tls.{missing}: required with kafka.tls.{given} (mutual TLS needs "
+            "both the client certificate and its key)"
+        )
+    unreadable = False
+    for name in ("ca_file", "cert_file", "key_file"):
+        path = getattr(tls, name)
+        problem = _file_problem(path) if path is not None else None
+        if problem:
+            problems.append(f"kafka.tls.{name}: {problem}")
+            unreadable = True
+    if not unreadable and not problems and not others:
+        try:
+            build_ssl_context(tls)
+        except ConfigError as exc:
+            problems.append(str(exc))
+    return problems
+
+
 def _kafka_problems(kafka: KafkaSettings) -> tuple[list[str], list[str]]:
     """Problems and warnings of ``kafka``'s security and group settings."""
     problems: list[str] = []
@@ -126,31 +159,7 @@ def _kafka_problems(kafka: KafkaSettings) -> tuple[list[str], list[str]]:
             "authenticate with SASL; use SASL_SSL or SASL_PLAINTEXT (or remove kafka.sasl)"
         )
     if uses_tls:
-        if (tls.cert_file is None) != (tls.key_file is None):
-            given, missing = (
-                ("cert_file", "key_file")
-                if tls.key_file is None
-                else (
-                    "key_file",
-                    "cert_file",
-                )
-            )
-            problems.append(
-                f"kafka.tls.{missing}: required with kafka.tls.{given} (mutual TLS needs "
-                "both the client certificate and its key)"
-            )
-        unreadable = False
-        for name in ("ca_file", "cert_file", "key_file"):
-            path = getattr(tls, name)
-            problem = _file_problem(path) if path is not None else None
-            if problem:
-                problems.append(f"kafka.tls.{name}: {problem}")
-                unreadable = True
-        if not unreadable and not problems:
-            try:
-                build_ssl_context(tls)
-            except ConfigError as exc:
-                problems.append(str(exc))
+        problems += _kafka_tls_problems(tls, others=bool(problems))
     if uses_sasl:
         if sasl.mechanism is None:
             problems.append(
@@ -190,76 +199,67 @@ def _kafka_problems(kafka: KafkaSettings) -> tuple[list[str], list[str]]:
     return problems, warnings
 
 
-def validate_settings(settings: Settings, *, review_token: str | None = None) -> list[str]:
-    """Everything ``relmon run`` needs beyond the field checks; returns warnings.
-
-    Raises :class:`ConfigError` listing every problem, one line each, each naming its
-    field. Does no I/O besides reading the secret files it is pointed at; binds no port
-    and creates no file. ``review_token`` is a token given in code (the demo's).
-    """
+def _task_problems(i: int, t: TaskSettings, settings: Settings) -> list[str]:
+    """The problems of task ``i``, each naming its field."""
     problems: list[str] = []
-    if not settings.tasks:
-        problems.append("tasks: no tasks configured; add a 'tasks:' list to the config file")
-    seen: dict[str, int] = {}
-    for i, t in enumerate(settings.tasks):
-        where = task_label(i, t.name)
-        if t.name in seen:
-            problems.append(f"{where}.name: already the name of tasks[{seen[t.name]}]")
-        seen.setdefault(t.name, i)
-        if not (t.endpoint.model or t.match.model):
-            problems.append(
-                f"{where}.endpoint.model: required: the model relmon asks again "
-                "(or name it in match.model)"
-            )
-        if t.endpoint.api_key is not None and t.endpoint.api_key_file is not None:
-            variable = f"RELMON_TASKS__{i}__ENDPOINT__API_KEY"
-            problems.append(f"{where}.{given_twice('endpoint.api_key', variable)}")
-        elif t.endpoint.api_key_file is not None:
-            try:
-                t.endpoint.resolved_api_key()
-            except ConfigError as exc:
-                problems.append(f"{where}.{exc}")
-        # The canonicalizer as named (so the message is the same with or without
-        # answer_pattern), then wrapped in the pattern as the service builds it.
+    where = task_label(i, t.name)
+    if not (t.endpoint.model or t.match.model):
+        problems.append(
+            f"{where}.endpoint.model: required: the model relmon asks again "
+            "(or name it in match.model)"
+        )
+    if t.endpoint.api_key is not None and t.endpoint.api_key_file is not None:
+        variable = f"RELMON_TASKS__{i}__ENDPOINT__API_KEY"
+        problems.append(f"{where}.{given_twice('endpoint.api_key', variable)}")
+    elif t.endpoint.api_key_file is not None:
         try:
-            check_canonicalizer(t.canonicalizer, t.canonicalizer_options)
+            t.endpoint.resolved_api_key()
         except ConfigError as exc:
-            problems.append(f"{where}.canonicalizer: {exc}")
-        else:
-            if t.answer_pattern is not None:
-                try:
-                    re.compile(t.answer_pattern)
-                except re.error as exc:
-                    problems.append(f"{where}.answer_pattern: not a regular expression: {exc}")
-                else:
-                    try:
-                        check_canonicalizer(*t.canonicalizer_spec())
-                    except ConfigError as exc:
-                        problems.append(f"{where}.answer_pattern: {exc}")
-        for kind, count in t.endpoint.retry_limits().items():
-            if count > MAX_RETRIES_PER_OUTCOME:
-                field = (
-                    f"retries.{kind}"
-                    if kind in t.endpoint.retries.model_fields_set
-                    else ("max_retries")
-                )
-                problems.append(
-                    f"{where}.endpoint.{field}: {count} retries of one call is more than "
-                    f"{MAX_RETRIES_PER_OUTCOME}; with backoff up to 30 s an item would hold "
-                    "its budget for many minutes"
-                )
-        if t.k_max > settings.budget.calls_per_minute:
-            problems.append(
-                f"{where}.k_max: {t.k_max} is more than budget.calls_per_minute "
-                f"({settings.budget.calls_per_minute}); an item reserves k_max calls, so "
-                "none could ever be admitted"
+            problems.append(f"{where}.{exc}")
+    problems += _canonicalizer_problems(where, t)
+    for kind, count in t.endpoint.retry_limits().items():
+        if count > MAX_RETRIES_PER_OUTCOME:
+            field = (
+                f"retries.{kind}" if kind in t.endpoint.retries.model_fields_set else "max_retries"
             )
-    if settings.review.backend == "kafka" and not settings.kafka.enabled:
-        problems.append("review.backend: 'kafka' needs kafka.enabled: true")
-    kafka_warnings: list[str] = []
-    if settings.kafka.enabled:
-        kafka_problems, kafka_warnings = _kafka_problems(settings.kafka)
-        problems += kafka_problems
+            problems.append(
+                f"{where}.endpoint.{field}: {count} retries of one call is more than "
+                f"{MAX_RETRIES_PER_OUTCOME}; with backoff up to 30 s an item would hold "
+                "its budget for many minutes"
+            )
+    if t.k_max > settings.budget.calls_per_minute:
+        problems.append(
+            f"{where}.k_max: {t.k_max} is more than budget.calls_per_minute "
+            f"({settings.budget.calls_per_minute}); an item reserves k_max calls, so "
+            "none could ever be admitted"
+        )
+    return problems
+
+
+def _canonicalizer_problems(where: str, t: TaskSettings) -> list[str]:
+    """The canonicalizer as named (so the message is the same with or without
+    answer_pattern), then wrapped in the pattern as the service builds it."""
+    try:
+        check_canonicalizer(t.canonicalizer, t.canonicalizer_options)
+    except ConfigError as exc:
+        return [f"{where}.canonicalizer: {exc}"]
+    if t.answer_pattern is None:
+        return []
+    try:
+        re.compile(t.answer_pattern)
+    except re.error as exc:
+        return [f"{where}.answer_pattern: not a regular expression: {exc}"]
+    try:
+        check_canonicalizer(*t.canonicalizer_spec())
+    except ConfigError as exc:
+        return [f"{where}.answer_pattern: {exc}"]
+    return []
+
+
+def _secret_problems(settings: Settings, review_token: str | None) -> list[str]:
+    """Secrets given twice or unreadable; the review token the HTTP backend needs; the
+    state directory that keeps the store or the generated query hash key."""
+    problems: list[str] = []
     token_twice = settings.review.token is not None and settings.review.token_file is not None
     if token_twice:
         problems.append(given_twice("review.token", "RELMON_REVIEW__TOKEN"))
@@ -295,6 +295,34 @@ def validate_settings(settings: Settings, *, review_token: str | None = None) ->
             problems.append(
                 f"state_dir: {problem} (it keeps the query hash key; or set query_hash_key)"
             )
+    return problems
+
+
+def validate_settings(settings: Settings, *, review_token: str | None = None) -> list[str]:
+    """Everything ``relmon run`` needs beyond the field checks; returns warnings.
+
+    Raises :class:`ConfigError` listing every problem, one line each, each naming its
+    field. Does no I/O besides reading the secret files it is pointed at; binds no port
+    and creates no file. ``review_token`` is a token given in code (the demo's).
+    """
+    problems: list[str] = []
+    if not settings.tasks:
+        problems.append("tasks: no tasks configured; add a 'tasks:' list to the config file")
+    seen: dict[str, int] = {}
+    for i, t in enumerate(settings.tasks):
+        if t.name in seen:
+            problems.append(
+                f"{task_label(i, t.name)}.name: already the name of tasks[{seen[t.name]}]"
+            )
+        seen.setdefault(t.name, i)
+        problems += _task_problems(i, t, settings)
+    if settings.review.backend == "kafka" and not settings.kafka.enabled:
+        problems.append("review.backend: 'kafka' needs kafka.enabled: true")
+    kafka_warnings: list[str] = []
+    if settings.kafka.enabled:
+        kafka_problems, kafka_warnings = _kafka_problems(settings.kafka)
+        problems += kafka_problems
+    problems += _secret_problems(settings, review_token)
     if problems:
         raise ConfigError("\n".join(f"{settings._source}: {p}" for p in problems))
     return [f"{settings._source}: {w}" for w in [*kafka_warnings, *budget_warnings(settings)]]

@@ -103,25 +103,25 @@ def record_to_json(row: Any) -> dict[str, Any]:
 
 def _number(value: Any, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise ValueError(f"{name!r} must be a number")
+        raise InputError(f"{name!r} must be a number")
     number = float(value)
     if math.isnan(number):
-        raise ValueError(f"{name!r} must be a number")
+        raise InputError(f"{name!r} must be a number")
     return number
 
 
 def record_from_json(obj: Any) -> Any:
-    """One exported object back to an ``ExportedVerdict`` (ValueError/InputError if bad)."""
+    """One exported object back to an ``ExportedVerdict``; :class:`InputError` if bad."""
     if not isinstance(obj, dict):
-        raise ValueError("expected a JSON object")
+        raise InputError("expected a JSON object")
     item_id = obj.get("id")
     if not isinstance(item_id, str) or not item_id:
-        raise ValueError("'id' must be a non-empty string")
+        raise InputError("'id' must be a non-empty string")
     item = ReviewItem.from_json({**obj, "item_id": item_id})
     if not item.candidates or item.k < 1:
-        raise ValueError("an item needs candidates and k >= 1")
+        raise InputError("an item needs candidates and k >= 1")
     if not 0.0 < item.inclusion_probability <= 1.0:
-        raise ValueError("'inclusion_probability' must be in (0, 1]")
+        raise InputError("'inclusion_probability' must be in (0, 1]")
     verdict = parse_verdict(
         {**(obj.get("verdict") or {})}, item_id=item_id, max_rank=len(item.candidates)
     )
@@ -129,12 +129,12 @@ def record_from_json(obj: Any) -> Any:
     if verdict.accepted_ranks:
         expected = verdict_score(item, verdict)
         if expected != score:
-            raise ValueError(f"'score' {score} disagrees with the accepted ranks ({expected})")
+            raise InputError(f"'score' {score} disagrees with the accepted ranks ({expected})")
     elif not (math.isinf(score) or (score == int(score) and 1 <= score <= len(item.candidates))):
-        raise ValueError("'score' of a 'none of these' verdict is 'inf' or a candidate rank")
+        raise InputError("'score' of a 'none of these' verdict is 'inf' or a candidate rank")
     aci_miss = obj.get("aci_miss")
     if aci_miss is not None and not isinstance(aci_miss, bool):
-        raise ValueError("'aci_miss' must be true, false or null")
+        raise InputError("'aci_miss' must be true, false or null")
     return ExportedVerdict(
         item=item,
         verdict=verdict,
@@ -169,19 +169,19 @@ def _csv_row(row: Any) -> dict[str, str]:
 def _from_csv_row(row: dict[str, str]) -> Any:
     missing = [f for f in CSV_FIELDS if row.get(f) is None and f not in _OPTIONAL_CSV_FIELDS]
     if missing:
-        raise ValueError(f"missing column(s) {', '.join(missing)}")
+        raise InputError(f"missing column(s) {', '.join(missing)}")
     none = row["none_of_these"].strip().lower()
     if none not in ("true", "false"):
-        raise ValueError("'none_of_these' must be true or false")
+        raise InputError("'none_of_these' must be true or false")
     aci = (row.get("aci_miss") or "").strip().lower()
     if aci not in ("", "true", "false"):
-        raise ValueError("'aci_miss' must be true, false or empty")
+        raise InputError("'aci_miss' must be true, false or empty")
     try:
         ranks = [int(r) for r in row["accepted_ranks"].split(";") if r.strip()]
         candidates = json.loads(row["candidates"])
         k = int(row["k"])
     except (ValueError, json.JSONDecodeError) as exc:
-        raise ValueError(f"bad ranks, k or candidates: {exc}") from None
+        raise InputError(f"bad ranks, k or candidates: {exc}") from None
     verdict: dict[str, Any] = {
         "accepted_ranks": ranks,
         "none_of_these": none == "true",

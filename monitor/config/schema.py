@@ -7,6 +7,10 @@ unless configured otherwise; secrets are ``SecretStr``.
 
 Loading is :mod:`monitor.config.loading`; the checks beyond one field that ``relmon run``
 and ``relmon check-config`` share are :mod:`monitor.app.validation`.
+
+The validators here raise ``ValueError``, as pydantic requires: it becomes a
+``ValidationError``, which loading reports as a :class:`~monitor.core.errors.ConfigError`
+naming the key.
 """
 
 from __future__ import annotations
@@ -177,7 +181,7 @@ class TaskSettings(_Strict):
 
     @property
     def review_floor(self) -> float:
-        """The smallest review probability an item can get (pi_min)."""
+        """The smallest inclusion probability an item can get (pi_min)."""
         if self.review_priority == "uniform":
             return self.review_rate
         return self.review_min_rate if self.review_min_rate is not None else self.review_rate / 5

@@ -32,10 +32,10 @@ __all__ = [
     "RelmonError",
     "conformal_threshold",
     "conformal_thresholds",
+    "get_stopping_rule",
+    "item_score",
     "rank_classes",
     "reliability_level",
     "reliability_lower_bound",
-    "item_score",
     "set_size",
-    "get_stopping_rule",
 ]

@@ -1,7 +1,7 @@
 """An anytime-valid reliability alarm: an e-detector on reviewed top answers. No I/O.
 
 The stream is the reviewed items in the order their verdicts are applied, with
-X_t = 1 when the item's top answer was accepted, and the item's review probability
+X_t = 1 when the item's top answer was accepted, and the item's inclusion probability
 pi_t (known when it was scored). The null is "reliability >= tau": the top answer of
 traffic is accepted with probability at least the target tau, whatever happened before.
 
@@ -40,7 +40,7 @@ Why it is valid (the promise: average run length to a false alarm >= 1/alpha_ala
 The bound is on the mean (Shin, Ramdas & Rinaldo, "E-detectors", 2023); in practice
 false alarms are much rarer (``relmon simulate alarm`` measures it). Validity needs the
 order of verdicts to carry no information about their outcome beyond the past (a
-reviewer who answers easy items first would break it) and review probabilities that
+reviewer who answers easy items first would break it) and inclusion probabilities that
 were fixed before the label was seen.
 """
 
@@ -49,6 +49,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+from monitor.core.errors import ConfigError, InputError
 
 __all__ = ["DEFAULT_BETS", "EDetector", "bet_grid"]
 
@@ -59,9 +61,9 @@ DEFAULT_BETS: tuple[float, ...] = (0.02, 0.05, 0.1, 0.2, 0.4, 0.8)
 def bet_grid(tau: float, fractions: Sequence[float] = DEFAULT_BETS) -> tuple[float, ...]:
     """The bets lambda = fraction / (1 - tau), each fraction in (0, 1]."""
     if not 0.0 < tau < 1.0:
-        raise ValueError(f"target must be in (0, 1), got {tau!r}")
+        raise ConfigError(f"target must be in (0, 1), got {tau!r}")
     if not fractions or any(not 0.0 < f <= 1.0 for f in fractions):
-        raise ValueError("bet fractions must be in (0, 1]")
+        raise ConfigError("bet fractions must be in (0, 1]")
     return tuple(f / (1.0 - tau) for f in fractions)
 
 
@@ -69,7 +71,7 @@ def bet_grid(tau: float, fractions: Sequence[float] = DEFAULT_BETS) -> tuple[flo
 class EDetector:
     """The e-detector of the module docstring for target ``tau`` and level ``alpha``.
 
-    ``pi_min`` is the smallest review probability the task can use (u = pi_min/pi).
+    ``pi_min`` is the smallest inclusion probability the task can use (u = pi_min/pi).
     Feed it with :meth:`update`; read :attr:`value` and :attr:`alarm`.
     """
 
@@ -83,9 +85,9 @@ class EDetector:
 
     def __post_init__(self) -> None:
         if not 0.0 < self.alpha < 1.0:
-            raise ValueError(f"alpha must be in (0, 1), got {self.alpha!r}")
+            raise ConfigError(f"alpha must be in (0, 1), got {self.alpha!r}")
         if not 0.0 < self.pi_min <= 1.0:
-            raise ValueError(f"pi_min must be in (0, 1], got {self.pi_min!r}")
+            raise ConfigError(f"pi_min must be in (0, 1], got {self.pi_min!r}")
         self.bets = bet_grid(self.tau, self.fractions)
         self.stats = [1.0] * len(self.bets)
 
@@ -103,12 +105,12 @@ class EDetector:
         return self.value >= self.threshold
 
     def update(self, accepted: bool, inclusion_probability: float = 1.0) -> float:
-        """One reviewed item: was its top answer accepted, and its review probability."""
+        """One reviewed item: was its top answer accepted, and its inclusion probability."""
         pi = float(inclusion_probability)
         if not 0.0 < pi <= 1.0:
-            raise ValueError(f"inclusion probability must be in (0, 1], got {pi!r}")
+            raise InputError(f"inclusion probability must be in (0, 1], got {pi!r}")
         if pi < self.pi_min * (1.0 - 1e-9):
-            raise ValueError(f"inclusion probability {pi!r} is below the floor {self.pi_min!r}")
+            raise InputError(f"inclusion probability {pi!r} is below the floor {self.pi_min!r}")
         u = min(1.0, self.pi_min / pi)
         step = self.tau - (1.0 if accepted else 0.0)
         self.stats = [

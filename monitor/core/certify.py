@@ -21,7 +21,7 @@ import numpy as np
 from monitor.core.canon.base import INVALID, Canonicalizer, QueryContext
 from monitor.core.conformal import conformal_thresholds, reliability_level, reliability_lower_bound
 from monitor.core.consensus import Consensus, rank_classes
-from monitor.core.errors import CalibrationError
+from monitor.core.errors import CalibrationError, ConfigError
 from monitor.core.scores import SCORE_NAMES, item_score, set_size
 
 __all__ = [
@@ -178,7 +178,7 @@ def certify(
 ) -> CertifyReport:
     """Calibrate on ``items`` (or on a random ``1 - test_fraction`` of them)."""
     if score not in SCORE_NAMES:
-        raise ValueError(f"unknown score {score!r}")
+        raise ConfigError(f"unknown score {score!r}")
     calibration, test = list(items), None
     if test_fraction is not None:
         if not 0.0 < test_fraction < 1.0:

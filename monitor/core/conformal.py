@@ -7,7 +7,7 @@ Plain (exchangeable) form, from ``n`` calibration scores:
   ``n < 1/alpha - 1``).
 * reliability level ``1 - alpha* = #{s_i <= 1} / (n + 1)`` (paper Definition 2.4).
 
-Weighted form (drift, unequal review probabilities; Tibshirani et al. 2019, Barber et
+Weighted form (drift, unequal inclusion probabilities; Tibshirani et al. 2019, Barber et
 al. 2023): calibration weights ``w_i`` and a test weight ``w*`` normalised together,
 ``p_i = w_i / (sum w + w*)``; the threshold is the smallest score ``v`` with
 ``sum_{s_i <= v} p_i >= 1 - alpha``, the test mass ``p*`` sitting at ``inf``. With all
@@ -27,6 +27,8 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike
 from scipy import stats
+
+from monitor.core.errors import ConfigError, InputError
 
 __all__ = [
     "MASS_TOLERANCE",
@@ -50,13 +52,13 @@ MASS_TOLERANCE = 1e-10
 
 def _check_alpha(alpha: float) -> None:
     if not 0.0 < alpha < 1.0:
-        raise ValueError(f"alpha must be in (0, 1), got {alpha!r}")
+        raise ConfigError(f"alpha must be in (0, 1), got {alpha!r}")
 
 
 def _scores(scores: ArrayLike) -> np.ndarray:
     s = np.asarray(scores, dtype=float).ravel()
     if np.isnan(s).any():
-        raise ValueError("scores must not be NaN")
+        raise InputError("scores must not be NaN")
     return s
 
 
@@ -64,7 +66,7 @@ def quantile_index(n: int, alpha: float) -> int:
     """k = ceil((n + 1)(1 - alpha)), the 1-based order statistic used as threshold."""
     _check_alpha(alpha)
     if n < 0:
-        raise ValueError("n must be >= 0")
+        raise ConfigError("n must be >= 0")
     target = (n + 1) * (1.0 - alpha)
     return math.ceil(target - MASS_TOLERANCE * (n + 1))
 
@@ -97,11 +99,11 @@ def reliability_level(scores: ArrayLike) -> float:
 def _weights(scores: np.ndarray, weights: ArrayLike, test_weight: float) -> np.ndarray:
     w = np.asarray(weights, dtype=float).ravel()
     if w.shape != scores.shape:
-        raise ValueError(f"{w.size} weights for {scores.size} scores")
+        raise InputError(f"{w.size} weights for {scores.size} scores")
     if not (np.isfinite(w).all() and (w >= 0).all()):
-        raise ValueError("weights must be finite and >= 0")
+        raise InputError("weights must be finite and >= 0")
     if not (math.isfinite(test_weight) and test_weight > 0):
-        raise ValueError("test_weight must be finite and > 0")
+        raise ConfigError("test_weight must be finite and > 0")
     return w
 
 
@@ -134,9 +136,9 @@ def decay_weights(ages: ArrayLike, half_life: float) -> np.ndarray:
     """w_i = 2^(-age_i / half_life); ages in items or seconds, never negative."""
     a = np.asarray(ages, dtype=float)
     if not (math.isfinite(half_life) and half_life > 0):
-        raise ValueError("half_life must be finite and > 0")
+        raise ConfigError("half_life must be finite and > 0")
     if (a < 0).any() or np.isnan(a).any():
-        raise ValueError("ages must be >= 0")
+        raise InputError("ages must be >= 0")
     return np.exp2(-a / half_life)
 
 
@@ -144,7 +146,7 @@ def inclusion_weights(probabilities: ArrayLike) -> np.ndarray:
     """1 / pi_i for items sent to review with probability pi_i in (0, 1]."""
     p = np.asarray(probabilities, dtype=float)
     if not ((p > 0) & (p <= 1)).all():
-        raise ValueError("inclusion probabilities must be in (0, 1]")
+        raise InputError("inclusion probabilities must be in (0, 1]")
     return 1.0 / p
 
 
@@ -163,7 +165,7 @@ def aci_update(alpha_t: float, alpha: float, err: bool | float, gamma: float) ->
     break the long-run coverage guarantee.
     """
     if gamma < 0:
-        raise ValueError("gamma must be >= 0")
+        raise ConfigError("gamma must be >= 0")
     return alpha_t + gamma * (alpha - float(err))
 
 
@@ -186,7 +188,7 @@ class AdaptiveAlpha:
 
     def __post_init__(self) -> None:
         if self.gamma < 0:
-            raise ValueError("gamma must be >= 0")
+            raise ConfigError("gamma must be >= 0")
 
     def update(self, miss: bool) -> None:
         """One ACI step: the last test point was (``miss``) or was not covered."""
@@ -205,9 +207,9 @@ def reliability_lower_bound(successes: float, n: float, delta: float) -> float:
     Real-valued (effective) counts are allowed: the beta quantile is defined for them.
     """
     if not 0.0 < delta < 1.0:
-        raise ValueError("delta must be in (0, 1)")
+        raise ConfigError("delta must be in (0, 1)")
     if n < 0 or not 0 <= successes <= n + 1e-9:
-        raise ValueError("need 0 <= successes <= n")
+        raise InputError("need 0 <= successes <= n")
     if successes <= 0 or n <= 0:
         return 0.0
     successes = min(successes, n)

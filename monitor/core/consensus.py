@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from monitor.core.errors import InputError
+
 __all__ = ["Consensus", "count_classes", "rank_classes"]
 
 
@@ -26,13 +28,13 @@ class Consensus:
 
     def __post_init__(self) -> None:
         if len(self.classes) != len(self.counts):
-            raise ValueError("classes and counts differ in length")
+            raise InputError("classes and counts differ in length")
         if any(c <= 0 for c in self.counts):
-            raise ValueError("counts must be positive")
+            raise InputError("counts must be positive")
         if any(a < b for a, b in zip(self.counts, self.counts[1:], strict=False)):
-            raise ValueError("counts must be in non-increasing order")
+            raise InputError("counts must be in non-increasing order")
         if len(set(self.classes)) != len(self.classes):
-            raise ValueError("classes must be distinct")
+            raise InputError("classes must be distinct")
 
     @property
     def k(self) -> int:

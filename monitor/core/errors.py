@@ -7,10 +7,21 @@ Every error relmon raises on purpose derives from :class:`RelmonError`::
     ├── InputError             bad data from a file or a message (names where it came from)
     │   └── CanonicalizationError  an answer or a label cannot be canonicalized as asked
     ├── CalibrationError       not enough calibration data for what was asked
-    └── ModelCallError         a call to the model endpoint failed (retriable: timeouts,
-                               429, 5xx, connection errors; not: 4xx, garbage bodies)
+    ├── ModelCallError         a call to the model endpoint failed (retriable: timeouts,
+    │                          429, 5xx, connection errors; not: 4xx, garbage bodies)
+    ├── StoreError             a read or write of a calibration store failed (retriable:
+    │                          a busy or locked database)
+    └── StateError             an object used out of order: started twice, or used
+                               before it was started or after it was stopped
 
-Errors that may succeed when tried again carry ``retriable = True``.
+Errors that may succeed when tried again carry ``retriable = True``. Adapters add their
+own subclasses where a caller must tell them apart (``KafkaUnavailableError``,
+retriable, in :mod:`adapters.kafka.source`).
+
+:class:`ConfigError` and :class:`InputError` are also :class:`ValueError` s, and
+:class:`StateError` a :class:`RuntimeError`: what these raised before relmon had its own
+errors, so a caller's ``except ValueError`` keeps working. Catch :class:`RelmonError`
+for everything relmon raises on purpose.
 """
 
 from __future__ import annotations
@@ -22,6 +33,8 @@ __all__ = [
     "InputError",
     "ModelCallError",
     "RelmonError",
+    "StateError",
+    "StoreError",
 ]
 
 
@@ -31,11 +44,11 @@ class RelmonError(Exception):
     retriable: bool = False
 
 
-class ConfigError(RelmonError):
+class ConfigError(RelmonError, ValueError):
     """Settings or arguments that cannot work."""
 
 
-class InputError(RelmonError):
+class InputError(RelmonError, ValueError):
     """Bad input data. ``source`` and ``line`` say where it came from, when known."""
 
     def __init__(self, message: str, *, source: str | None = None, line: int | None = None):
@@ -62,3 +75,15 @@ class ModelCallError(RelmonError):
         super().__init__(message)
         self.retriable = retriable
         self.status = status
+
+
+class StoreError(RelmonError):
+    """A read or write of a calibration store failed."""
+
+    def __init__(self, message: str, *, retriable: bool = False) -> None:
+        super().__init__(message)
+        self.retriable = retriable
+
+
+class StateError(RelmonError, RuntimeError):
+    """An object used out of order (a bug in the caller, never bad data or settings)."""

@@ -3,7 +3,7 @@
 Reviews are the expensive, human part of monitoring. An item whose K answers agree
 (margin 1) teaches the calibration little: its top answer is almost always right or
 consistently wrong, and the window already holds many like it. An item with a split
-vote is where the level's uncertainty lives. The review probability therefore grows
+vote is where the level's uncertainty lives. The inclusion probability therefore grows
 with the uncertainty of the consensus, measured only from the answers (never a label):
 
     pi = pi_min + (pi_max - pi_min) * (1 - margin)
@@ -20,13 +20,16 @@ valid.
 from __future__ import annotations
 
 from monitor.core.consensus import Consensus
+from monitor.core.errors import ConfigError
 
-__all__ = ["review_probability"]
+__all__ = ["prioritised_inclusion_probability"]
 
 
-def review_probability(consensus: Consensus, *, floor: float, ceiling: float) -> float:
+def prioritised_inclusion_probability(
+    consensus: Consensus, *, floor: float, ceiling: float
+) -> float:
     """pi in [floor, ceiling] from the consensus margin (see the module docstring)."""
     if not 0.0 < floor <= ceiling <= 1.0:
-        raise ValueError(f"need 0 < floor <= ceiling <= 1, got {floor}, {ceiling}")
+        raise ConfigError(f"need 0 < floor <= ceiling <= 1, got {floor}, {ceiling}")
     uncertainty = 1.0 - consensus.margin if consensus.classes else 1.0
     return min(ceiling, max(floor, floor + (ceiling - floor) * uncertainty))

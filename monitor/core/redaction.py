@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 from monitor.core.canon.base import Canonicalizer, QueryContext
 from monitor.core.consensus import Consensus
+from monitor.core.errors import ConfigError
 
 __all__ = ["BUILTIN_RULES", "RedactionRule", "Redactor", "luhn_valid"]
 
@@ -202,11 +203,12 @@ class Redactor:
         answers: bool = True,
     ) -> Redactor:
         """Shipped rules by name, then ``(name, pattern, replacement)`` custom ones;
-        ValueError naming the rule for an unknown name or a bad pattern."""
+        a :class:`~monitor.core.errors.ConfigError` naming the rule for an unknown name or a
+        bad pattern."""
         rules = []
         for name in builtin:
             if name not in BUILTIN_RULES:
-                raise ValueError(
+                raise ConfigError(
                     f"unknown shipped rule {name!r}; shipped: {', '.join(BUILTIN_RULES)}"
                 )
             rules.append(BUILTIN_RULES[name])
@@ -214,7 +216,7 @@ class Redactor:
             try:
                 compiled = re.compile(pattern)
             except re.error as exc:
-                raise ValueError(f"rule {name!r}: not a regular expression: {exc}") from None
+                raise ConfigError(f"rule {name!r}: not a regular expression: {exc}") from None
             rules.append(RedactionRule(name, compiled, replacement))
         return cls(rules, answers=answers)
 

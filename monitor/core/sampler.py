@@ -14,6 +14,8 @@ from __future__ import annotations
 import hashlib
 from collections import deque
 
+from monitor.core.errors import ConfigError
+
 __all__ = ["CallBudget", "hash_fraction", "sampled"]
 
 
@@ -32,7 +34,7 @@ class CallBudget:
 
     def __init__(self, per_minute: int, now: float) -> None:
         if per_minute < 1:
-            raise ValueError("per_minute must be >= 1")
+            raise ConfigError("per_minute must be >= 1")
         self.capacity = float(per_minute)
         self.tokens = float(per_minute)
         self.rate = per_minute / 60.0

@@ -21,6 +21,7 @@ from collections.abc import Iterable
 
 from monitor.core.canon.base import INVALID
 from monitor.core.consensus import Consensus
+from monitor.core.errors import ConfigError
 
 __all__ = [
     "SCORE_NAMES",
@@ -52,7 +53,7 @@ def score_at_rank(consensus: Consensus, score: str, r: int, u: float = 0.0) -> f
         return 1.0 - counts[r - 1] / k
     if score == "aps":
         return (sum(counts[: r - 1]) + u * counts[r - 1]) / k
-    raise ValueError(f"unknown score {score!r}; known: {', '.join(SCORE_NAMES)}")
+    raise ConfigError(f"unknown score {score!r}; known: {', '.join(SCORE_NAMES)}")
 
 
 def item_score(

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from monitor.core.errors import ConfigError, InputError
+
 __all__ = ["StabilityReport", "adjusted_rand_index", "bootstrap_ari"]
 
 Grouping = Callable[[Sequence[str]], Sequence[Hashable]]
@@ -34,7 +36,7 @@ def adjusted_rand_index(a: Sequence[Hashable], b: Sequence[Hashable]) -> float:
     Two identical trivial partitions (one group, or all singletons) score 1.
     """
     if len(a) != len(b):
-        raise ValueError("labelings differ in length")
+        raise InputError("labelings differ in length")
     n = len(a)
     if n < 2:
         return 1.0
@@ -71,9 +73,9 @@ def bootstrap_ari(
 ) -> StabilityReport:
     """ARI between the full-sample grouping and each bootstrap resample's grouping."""
     if not answers:
-        raise ValueError("no answers")
+        raise InputError("no answers")
     if n_boot < 1:
-        raise ValueError("n_boot must be >= 1")
+        raise ConfigError("n_boot must be >= 1")
     reference = list(group(answers))
     k = len(answers)
     values = []

@@ -91,6 +91,7 @@ would have stopped one sample at a time.
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import lru_cache
@@ -98,7 +99,7 @@ from typing import Any, Protocol
 
 from scipy import special
 
-from monitor.core.errors import ConfigError
+from monitor.core.errors import ConfigError, InputError
 
 __all__ = [
     "DEFAULT_FUTILITY",
@@ -142,7 +143,7 @@ class Decision:
 def _sorted_counts(counts: Iterable[int]) -> list[int]:
     raw = [int(x) for x in counts]
     if any(x < 0 for x in raw):
-        raise ValueError("counts must be >= 0")
+        raise InputError("counts must be >= 0")
     return sorted((x for x in raw if x > 0), reverse=True)
 
 
@@ -170,7 +171,7 @@ class StoppingRule(Protocol):
         ...
 
 
-class _RuleBase:
+class _RuleBase(ABC):
     """Shared bookkeeping: k0, K_max, delta, and batching by look-ahead."""
 
     name = "base"
@@ -197,9 +198,9 @@ class _RuleBase:
     def delta(self) -> float:
         return self._delta
 
+    @abstractmethod
     def _criterion(self, counts: list[int]) -> bool:
         """The rule's test on sorted, positive counts (k >= k0 already checked)."""
-        raise NotImplementedError
 
     def certified(self, counts: Iterable[int]) -> bool:
         c = _sorted_counts(counts)

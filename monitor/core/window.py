@@ -1,7 +1,7 @@
 """The rolling, drift-weighted calibration window of one (model, task). No I/O.
 
 Each scored verdict contributes weight w_i = 2^(-(now - t_i)/h) / pi_i: decay with
-half-life h on the item's sampling time t_i, and the inverse of its review probability
+half-life h on the item's sampling time t_i, and the inverse of its inclusion probability
 pi_i (docs/method.md). Thresholds and the reliability level are the weighted conformal forms
 with the test mass w* = 1/pi_min at +inf (the largest weight a test point can carry).
 
@@ -38,6 +38,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from monitor.core.conformal import reliability_lower_bound
+from monitor.core.errors import ConfigError, InputError
 
 __all__ = ["CalibrationWindow", "OrderKey", "WindowSnapshot"]
 
@@ -91,14 +92,14 @@ class CalibrationWindow:
         lower_bound_delta: float = 0.05,
     ) -> None:
         if max_items < 1:
-            raise ValueError("max_items must be >= 1")
+            raise ConfigError("max_items must be >= 1")
         if half_life_s is not None and not (math.isfinite(half_life_s) and half_life_s > 0):
-            raise ValueError("half_life_s must be > 0 (or None for no decay)")
+            raise ConfigError("half_life_s must be > 0 (or None for no decay)")
         if not 0.0 < min_inclusion_probability <= 1.0:
-            raise ValueError("min_inclusion_probability must be in (0, 1]")
+            raise ConfigError("min_inclusion_probability must be in (0, 1]")
         for a in alphas:
             if not 0.0 < a < 1.0:
-                raise ValueError(f"alpha must be in (0, 1), got {a}")
+                raise ConfigError(f"alpha must be in (0, 1), got {a}")
         self.alphas = tuple(alphas)
         self.max_items = max_items
         self.half_life_s = half_life_s
@@ -170,11 +171,11 @@ class CalibrationWindow:
         if item_id in self._entries:
             return False
         if math.isnan(score) or score < 1:
-            raise ValueError(f"a rank score is >= 1 or inf, got {score}")
+            raise InputError(f"a rank score is >= 1 or inf, got {score}")
         if not 0.0 < inclusion_probability <= 1.0:
-            raise ValueError("inclusion_probability must be in (0, 1]")
+            raise InputError("inclusion_probability must be in (0, 1]")
         if not math.isfinite(t):
-            raise ValueError(f"a sampling time is finite, got {t}")
+            raise InputError(f"a sampling time is finite, got {t}")
         self._arrivals += 1
         key: OrderKey = order if order is not None else (self._arrivals,)
         if len(self._entries) >= self.max_items and (key, item_id) < self._heap[0]:

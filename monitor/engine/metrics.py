@@ -45,7 +45,17 @@ def _rank_buckets(k_max: int) -> list[float]:
 
 
 class Metrics:
+    """Every relmon metric, in four groups: the calibration (level, bound, thresholds),
+    the items (sets, samples, durations, model calls), traffic and reviews, and the
+    live checks and health (SLI, coverage, alarm, breaker, sources, budget)."""
+
     def __init__(self, registry: CollectorRegistry, *, k_max: int = 20) -> None:
+        self._calibration_metrics(registry)
+        self._item_metrics(registry, k_max)
+        self._traffic_and_review_metrics(registry)
+        self._check_and_health_metrics(registry)
+
+    def _calibration_metrics(self, registry: CollectorRegistry) -> None:
         mt = ("model", "task")
         self.reliability_level = Gauge(
             "relmon_reliability_level",
@@ -86,6 +96,9 @@ class Metrics:
             mt,
             registry=registry,
         )
+
+    def _item_metrics(self, registry: CollectorRegistry, k_max: int) -> None:
+        mt = ("model", "task")
         self.set_size = Histogram(
             "relmon_set_size",
             "Prediction set size at the task's target alpha, per monitored item.",
@@ -120,6 +133,9 @@ class Metrics:
             (*mt, "outcome"),
             registry=registry,
         )
+
+    def _traffic_and_review_metrics(self, registry: CollectorRegistry) -> None:
+        mt = ("model", "task")
         self.traffic_events = Counter(
             "relmon_traffic_events",
             "Traffic events by source and what relmon did with them.",
@@ -146,18 +162,21 @@ class Metrics:
             (*mt, "verdict"),
             registry=registry,
         )
-        # SLI, live self-check, alarm, health (docs/metrics.md).
+
+    def _check_and_health_metrics(self, registry: CollectorRegistry) -> None:
+        """The SLI, the live self-check, the alarm and health (docs/metrics.md)."""
+        mt = ("model", "task")
         self.top_answers = Counter(
             "relmon_top_answers",
             "Reviewed items whose top answer was accepted or rejected, each counted with "
-            "weight 1/pi (inverse review probability): an unbiased SLI of the traffic.",
+            "weight 1/pi (inverse inclusion probability): an unbiased SLI of the traffic.",
             (*mt, "outcome"),
             registry=registry,
         )
         self.coverage_checks = Counter(
             "relmon_coverage_checks",
             "Applied verdicts checked against the threshold M*(alpha) in force when the item "
-            "was scored, each weighted 1/pi (its inverse review probability).",
+            "was scored, each weighted 1/pi (its inverse inclusion probability).",
             (*mt, "alpha"),
             registry=registry,
         )

@@ -1,7 +1,16 @@
-"""The seams between the service and the outside world (STYLE: small Protocols).
+"""The seams between the engine and the outside world: small Protocols.
 
-Adapters in ``adapters/`` implement these; the service in ``monitor.engine.service`` only
-talks to them. Fakes for tests live in ``monitor.testing``.
+Adapters in ``adapters/`` implement these; the engine (``monitor.engine``) only talks to
+them, and the composition root (:mod:`monitor.app.runner`) is the one place that picks
+an implementation. Fakes for tests live in :mod:`monitor.testing`.
+
+- :class:`Clock`: wall and monotonic time;
+- :class:`ModelClient`: asks the model again (``adapters.openai``);
+- :class:`ReviewQueue`: where review items go (``adapters.sqlite``, ``adapters.kafka``);
+- :class:`CalibrationStore`: review items and scored verdicts, durable (the same two);
+- :class:`Source`: a long-running source of events or verdicts, supervised by the app
+  (``adapters.kafka``); HTTP sources push into an :data:`EventSink` instead;
+- :data:`EventSink`, :data:`VerdictHandler`: what sources and review backends call.
 """
 
 from __future__ import annotations
@@ -19,10 +28,13 @@ __all__ = [
     "Admission",
     "CalibrationRecord",
     "CalibrationStore",
+    "CircuitState",
     "Clock",
+    "Decision",
     "EventSink",
     "ModelClient",
     "ReviewQueue",
+    "Source",
     "SystemClock",
     "VerdictHandler",
     "VerdictOutcome",
@@ -52,8 +64,18 @@ class SystemClock:
         return time.monotonic()
 
 
+CircuitState = Literal["closed", "open", "half_open"]
+"""A model client's circuit breaker: ``closed`` (calls go out), ``open`` (none do),
+``half_open`` (one trial call)."""
+
+
 class ModelClient(Protocol):
     """Asks the model again. One client per endpoint, pooled connections."""
+
+    @property
+    def circuit_state(self) -> CircuitState:
+        """The circuit breaker's state (``closed`` for a client without one)."""
+        ...
 
     async def sample(self, request: Mapping[str, Any], n: int) -> list[str]:
         """``n`` completion texts for ``request`` (temperature etc. set by the client).
@@ -151,4 +173,55 @@ class CalibrationStore(Protocol):
         """Every scored verdict with its order key, in that order, to rebuild the windows."""
         ...
 
+    def has_review_item(self, item_id: str) -> bool:
+        """Whether another replica already published a review item with this id (a
+        re-delivered event is then not asked again). Never blocks: answered from memory."""
+        ...
+
+    def discard_review_item(self, item_id: str) -> None:
+        """Forget a review item whose publication failed (it may be published again)."""
+        ...
+
+    async def recent_item_ids(self, limit: int) -> Sequence[str]:
+        """The ids of the last ``limit`` review items written, so that a restart
+        recognises events it already handled."""
+        ...
+
+    async def pending_counts(self) -> Mapping[tuple[str, str], int]:
+        """Review items still waiting for a verdict, per (model, task)."""
+        ...
+
     async def aclose(self) -> None: ...
+
+
+class Source(Protocol):
+    """A long-running source the app supervises (the Kafka traffic source, the verdict
+    follower): :meth:`run` until stopped; after a failure, :meth:`restart` connects
+    again. ``/readyz`` reports a source that is not :attr:`connected`."""
+
+    source_name: str
+    """Its ``source`` label (``relmon_source_restarts_total``, traffic counters)."""
+
+    @property
+    def connected(self) -> bool: ...
+
+    @property
+    def stopped(self) -> bool:
+        """:meth:`stop` was called: no restart."""
+        ...
+
+    @property
+    def paused(self) -> bool:
+        """Holding events until the service has room (a drain is not quiet yet)."""
+        ...
+
+    @property
+    def topic(self) -> str | None:
+        """The topic it reads, for messages (None when it reads none)."""
+        ...
+
+    async def run(self) -> None: ...
+
+    async def restart(self) -> None: ...
+
+    async def stop(self, timeout_s: float) -> None: ...

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from monitor.app.simulate.alarm import StreamEDetector, first_alarms, run_alarm
 from monitor.core.alarm import DEFAULT_BETS, EDetector, bet_grid
+from monitor.core.errors import ConfigError, InputError
 
 TAU = 0.9
 
@@ -75,9 +76,9 @@ def test_vectorised_detector_matches_the_service_detector() -> None:
 
 def test_bets_stay_in_the_allowed_range() -> None:
     assert max(bet_grid(0.8)) <= 1 / (1 - 0.8)
-    with pytest.raises(ValueError):
+    with pytest.raises(ConfigError):
         bet_grid(1.0)
-    with pytest.raises(ValueError):
+    with pytest.raises(InputError):
         EDetector(tau=TAU, pi_min=0.2).update(True, 0.1)  # below the floor
 
 
@@ -131,7 +132,7 @@ def test_average_run_length_at_target_is_at_least_one_over_alpha() -> None:
 
 
 def test_average_run_length_with_prioritised_review() -> None:
-    """Per-stream EDetector with review probabilities that depend on hardness."""
+    """Per-stream EDetector with inclusion probabilities that depend on hardness."""
     rng = np.random.default_rng(8)
     alpha, runs, horizon = 0.05, 150, 1500
     lengths = []

@@ -21,7 +21,7 @@ from adapters.canon.embedding import (
     partition,
 )
 from monitor.core.canon import INVALID, AsyncCanonicalizer, Canonicalizer, QueryContext, as_async
-from monitor.core.errors import CanonicalizationError, ConfigError
+from monitor.core.errors import CanonicalizationError, ConfigError, InputError
 from monitor.core.stability import bootstrap_ari
 
 
@@ -77,7 +77,7 @@ def test_partition_chains_components_and_picks_medoids() -> None:
 def test_partition_breaks_ties_by_smallest_text() -> None:
     sim = np.array([[1.0, 0.9], [0.9, 1.0]])
     assert partition(["zeta", "alpha"], [2, 2], sim, 0.5) == ["alpha", "alpha"]
-    with pytest.raises(ValueError, match="disagree"):
+    with pytest.raises(InputError, match="disagree"):
         partition(["a"], [1, 1], sim, 0.5)
 
 

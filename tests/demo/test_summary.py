@@ -42,7 +42,7 @@ def _running(n_right: int, n_wrong: int) -> SimpleNamespace:
         budget=BudgetSettings(),
         clock=ManualClock(),
     )
-    window = service._state(MODEL, task).window
+    window = service.calibration.state(MODEL, task).window
     now = service.clock.time()
     for i in range(n_right):
         window.add(f"r{i}", 1.0, 1.0, now)

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from adapters.sqlite.store import SCHEMA_VERSION, SqliteStore, StoreError
-from monitor.core.errors import ConfigError
+from monitor.core.errors import ConfigError, InputError
 from monitor.core.review import ReviewItem, Verdict
 from monitor.engine.ports import CalibrationRecord, CalibrationStore, ReviewQueue
 
@@ -114,11 +114,11 @@ async def test_records_are_idempotent_and_keep_infinity(store: SqliteStore) -> N
 
 
 async def test_invalid_records_are_refused(store: SqliteStore) -> None:
-    with pytest.raises(ValueError, match="rank score"):
+    with pytest.raises(InputError, match="rank score"):
         await store.save_record(record("a", score=math.nan), Verdict("a", accepted_ranks=(1,)))
-    with pytest.raises(ValueError, match="rank score"):
+    with pytest.raises(InputError, match="rank score"):
         await store.save_record(record("a", score=0.0), Verdict("a", accepted_ranks=(1,)))
-    with pytest.raises(ValueError, match="saved with"):
+    with pytest.raises(InputError, match="saved with"):
         await store.save_record(record("a"), Verdict("b", accepted_ranks=(1,)))
     assert await store.load_records() == []
 
@@ -354,6 +354,7 @@ def _write_until_killed(path: Path, wanted: int) -> tuple[int, int, str]:
     return acked, proc.returncode, stderr
 
 
+@pytest.mark.integration  # a writer process killed with -9
 async def test_acknowledged_records_survive_kill_9(tmp_path: Path) -> None:
     path = tmp_path / "killed.db"
     acked, returncode, stderr = await asyncio.to_thread(_write_until_killed, path, 200)

@@ -20,7 +20,7 @@ from adapters.openai.client import (
     parse_completion,
     parse_retry_after,
 )
-from monitor.core.errors import ConfigError, ModelCallError
+from monitor.core.errors import ConfigError, InputError, ModelCallError
 from tests.model.conftest import (
     ClientFactory,
     Endpoint,
@@ -95,7 +95,7 @@ async def test_without_n_sends_single_calls(endpoint: Endpoint, make_client: Cli
     assert len(endpoint.requests) == 5
     assert all("n" not in r for r in endpoint.requests)
     assert await client.sample(REQUEST, 0) == []
-    with pytest.raises(ValueError, match="n must be"):
+    with pytest.raises(ConfigError, match="n must be"):
         await client.sample(REQUEST, -1)
 
 
@@ -514,7 +514,7 @@ def test_parse_completion() -> None:
     body = {"choices": [{"message": {"content": "a"}}, {"message": {"content": None}}]}
     assert parse_completion(json.dumps(body).encode()) == ["a", ""]
     for bad in (b"", b"null", b'{"choices": "x"}', b'{"choices": [1]}', b"[" * 100_000):
-        with pytest.raises(ValueError):
+        with pytest.raises(InputError):
             parse_completion(bad)
 
 

@@ -178,7 +178,7 @@ async def test_service_end_to_end_on_the_real_model(
     from prometheus_client import CollectorRegistry
 
     from adapters.sqlite.store import SqliteStore
-    from monitor.app.runner import build_task
+    from monitor.app.wiring import build_task
     from monitor.config import BudgetSettings, TaskSettings
     from monitor.core.events import parse_event
     from monitor.core.review import Verdict

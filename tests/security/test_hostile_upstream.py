@@ -14,10 +14,11 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from adapters.http.traffic import TrafficServer, _decoded
+from adapters.http.messages import decoded as _decoded
+from adapters.http.traffic import TrafficServer
 from monitor.core.events import TrafficEvent
 from monitor.engine.ports import Admission
-from tests.http.conftest import wait_until
+from tests.waiting import wait_until
 
 DEEP = b'{"choices": ' + b"[" * 50_000 + b"]" * 50_000 + b"}"
 BOMB = gzip.compress(b"0" * (64 * 1_048_576), compresslevel=9)  # 64 MiB of zeros, ~64 KiB
@@ -81,7 +82,7 @@ async def test_hostile_answers_are_relayed_and_sampled_without_text(
         ):
             assert resp.status == 200
             assert await resp.read() == body  # unchanged
-        await wait_until(lambda: bool(events or rejects))
+        await wait_until(lambda: bool(events or rejects), what="the event or its rejection")
     finally:
         await server.stop()
     assert rejects == []

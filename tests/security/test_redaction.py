@@ -24,8 +24,8 @@ from structlog.testing import capture_logs
 from adapters.canon.registry import get_async_canonicalizer
 from adapters.sqlite.store import SqliteStore
 from monitor.app.logs import redact_secrets
-from monitor.app.runner import query_hash_key
 from monitor.app.validation import validate_settings
+from monitor.app.wiring import query_hash_key
 from monitor.config import BudgetSettings, TaskSettings, load_settings
 from monitor.core.canon import INVALID, AsyncCanonicalizer, Canonicalizer, get_canonicalizer
 from monitor.core.consensus import Consensus

@@ -17,6 +17,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from monitor.core.consensus import Consensus, rank_classes
+from monitor.core.errors import ConfigError
 
 __all__ = [
     "ACCEPTABLE",
@@ -52,10 +53,10 @@ def dirichlet_items(
     ``concentration`` are scalars or one value per item.
     """
     if wrong_classes < 1:
-        raise ValueError("need at least one wrong class")
+        raise ConfigError("need at least one wrong class")
     p = np.broadcast_to(np.asarray(p_star, dtype=float), (n,))
     if ((p < 0) | (p > 1)).any():
-        raise ValueError("p_star must be in [0, 1]")
+        raise ConfigError("p_star must be in [0, 1]")
     conc = np.broadcast_to(np.asarray(concentration, dtype=float), (n,))
     # Dirichlet via normalised gammas, so the concentration can differ per item.
     g = rng.standard_gamma(np.repeat(conc[:, None], wrong_classes, axis=1))
@@ -89,7 +90,7 @@ def draw_counts(rng: np.random.Generator, items: ArrayLike, k: int) -> np.ndarra
     """Class counts of ``k`` answers per item: shape ``(n, L)`` for items ``(n, L)``."""
     probs = np.asarray(items, dtype=float)
     if k < 1:
-        raise ValueError("k must be >= 1")
+        raise ConfigError("k must be >= 1")
     # Guard against rounding: the multinomial insists the probabilities sum to <= 1.
     probs = probs / probs.sum(axis=-1, keepdims=True)
     return rng.multinomial(k, probs)

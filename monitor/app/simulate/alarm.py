@@ -35,6 +35,7 @@ from scipy import stats
 
 from monitor.app.simulate.tables import fmt, format_table
 from monitor.core.alarm import DEFAULT_BETS, bet_grid
+from monitor.core.errors import ConfigError, StateError
 
 __all__ = [
     "AlarmResult",
@@ -66,7 +67,7 @@ class StreamEDetector:
     @property
     def value(self) -> np.ndarray:
         if self.m is None:
-            raise ValueError("no outcome yet")
+            raise StateError("no outcome yet")
         v: np.ndarray = self.m.mean(axis=1)
         return v
 
@@ -119,7 +120,7 @@ def _make(
     if rule == "e-detector":
         return StreamEDetector(tau, alpha)
     if rule not in RULES:
-        raise ValueError(f"unknown rule {rule!r}; available: {', '.join(RULES)}")
+        raise ConfigError(f"unknown rule {rule!r}; available: {', '.join(RULES)}")
     return _windowed(tau, window, delta, rule)
 
 

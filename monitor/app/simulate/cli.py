@@ -90,7 +90,7 @@ def _dist(text: str) -> list[float]:
 
     try:
         return [float(x) for x in parse_distribution(text)]
-    except ValueError as exc:
+    except ConfigError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
@@ -211,10 +211,7 @@ def _stopping(args: argparse.Namespace) -> int:
 def _drift(args: argparse.Namespace) -> int:
 
     opts = _opt(args, alpha="alpha", gamma="gamma", reps="reps", half_life="half_life")
-    try:
-        return _emit(run_drift(seed=args.seed, **opts), args)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+    return _emit(run_drift(seed=args.seed, **opts), args)  # ConfigError for a bad --half-life
 
 
 def _priority(args: argparse.Namespace) -> int:
@@ -260,43 +257,8 @@ def _add_p_star(p: argparse.ArgumentParser) -> None:
     p.add_argument("--p-star", type=_unit, action="append", help="agent quality p* (repeatable)")
 
 
-def add_simulate_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
-    """Add ``simulate`` and its experiments to the ``relmon`` command.
-
-    The sub-subcommands' parsers are of the same class as ``simulate``'s, so they
-    report errors the way the main parser does.
-    """
-    sim: argparse.ArgumentParser = subparsers.add_parser(
-        "simulate",
-        help="the paper's synthetic experiments (appendix C)",
-        description=__doc__.splitlines()[0].replace("``", "") if __doc__ else None,
-    )
-    sub = sim.add_subparsers(dest="experiment", required=True, metavar="EXPERIMENT")
-
-    p = _add_experiment(sub, "coverage", _coverage, "coverage >= 1 - alpha (Theorem 6.7)")
-    _add_sizes(p, reps=50)
-    _add_p_star(p)
-    p.add_argument("--alpha", type=_alpha, action="append", help="miscoverage (repeatable)")
-
-    p = _add_experiment(sub, "variance", _variance, "mode error vs K and the Hoeffding bound")
-    p.add_argument("--trials", type=_positive, default=5000, help="trials per cell (5000)")
-    p.add_argument("--k", type=_positive, action="append", help="answers per item (repeatable)")
-    _add_p_star(p)
-
-    p = _add_experiment(sub, "setsize", _setsize, "M* vs agent quality p*")
-    _add_sizes(p, reps=20)
-    _add_p_star(p)
-    p.add_argument("--alpha", type=_alpha, action="append", help="miscoverage (repeatable)")
-
-    p = _add_experiment(sub, "entropy", _entropy, "set size vs consensus entropy")
-    _add_sizes(p, reps=10)
-    p.add_argument("--alpha", type=_alpha, help="miscoverage (default 0.1)")
-
-    p = _add_experiment(sub, "canon", _canon, "mode error with and without canonicalization")
-    p.add_argument("--trials", type=_positive, default=5000, help="trials per K (5000)")
-    p.add_argument("--k", type=_positive, action="append", help="answers per item (repeatable)")
-
-    p = _add_experiment(sub, "stopping", _stopping, "sequential stopping: samples and errors")
+def _add_stopping_options(p: argparse.ArgumentParser) -> None:
+    """The options of ``relmon simulate stopping``."""
     p.add_argument(
         "--dist", type=_dist, action="append", help="answer distribution, e.g. 0.7,0.2,0.1"
     )
@@ -338,6 +300,46 @@ def add_simulate_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     p.add_argument("--compare", action="store_true", help="also run the hoeffding rule")
     p.add_argument("--grid", action="store_true", help="run the built-in validation grid")
+
+
+def add_simulate_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
+    """Add ``simulate`` and its experiments to the ``relmon`` command.
+
+    The sub-subcommands' parsers are of the same class as ``simulate``'s, so they
+    report errors the way the main parser does.
+    """
+    sim: argparse.ArgumentParser = subparsers.add_parser(
+        "simulate",
+        help="the paper's synthetic experiments (appendix C)",
+        description=__doc__.splitlines()[0].replace("``", "") if __doc__ else None,
+    )
+    sub = sim.add_subparsers(dest="experiment", required=True, metavar="EXPERIMENT")
+
+    p = _add_experiment(sub, "coverage", _coverage, "coverage >= 1 - alpha (Theorem 6.7)")
+    _add_sizes(p, reps=50)
+    _add_p_star(p)
+    p.add_argument("--alpha", type=_alpha, action="append", help="miscoverage (repeatable)")
+
+    p = _add_experiment(sub, "variance", _variance, "mode error vs K and the Hoeffding bound")
+    p.add_argument("--trials", type=_positive, default=5000, help="trials per cell (5000)")
+    p.add_argument("--k", type=_positive, action="append", help="answers per item (repeatable)")
+    _add_p_star(p)
+
+    p = _add_experiment(sub, "setsize", _setsize, "M* vs agent quality p*")
+    _add_sizes(p, reps=20)
+    _add_p_star(p)
+    p.add_argument("--alpha", type=_alpha, action="append", help="miscoverage (repeatable)")
+
+    p = _add_experiment(sub, "entropy", _entropy, "set size vs consensus entropy")
+    _add_sizes(p, reps=10)
+    p.add_argument("--alpha", type=_alpha, help="miscoverage (default 0.1)")
+
+    p = _add_experiment(sub, "canon", _canon, "mode error with and without canonicalization")
+    p.add_argument("--trials", type=_positive, default=5000, help="trials per K (5000)")
+    p.add_argument("--k", type=_positive, action="append", help="answers per item (repeatable)")
+
+    p = _add_experiment(sub, "stopping", _stopping, "sequential stopping: samples and errors")
+    _add_stopping_options(p)
 
     p = _add_experiment(
         sub, "drift", _drift, "live self-check under drift: decay window alone vs with ACI"

@@ -31,6 +31,7 @@ import numpy as np
 
 from monitor.app.simulate.tables import fmt, format_table
 from monitor.core.conformal import aci_update
+from monitor.core.errors import ConfigError
 from monitor.core.window import CalibrationWindow
 
 __all__ = ["AFTER", "BEFORE", "DriftResult", "run_drift", "simulate_stream"]
@@ -146,7 +147,7 @@ def run_drift(
 ) -> DriftResult:
     """Window alone vs window + ACI on the same draws (see the module docstring)."""
     if not 0 <= drift_start <= drift_end <= steps:
-        raise ValueError("need 0 <= drift_start <= drift_end <= steps")
+        raise ConfigError("need 0 <= drift_start <= drift_end <= steps")
     phases = {
         "before": slice(0, drift_start),
         "during": slice(drift_start, drift_end),

@@ -198,4 +198,4 @@ def plot(result: object, outdir: Path) -> list[Path]:
         return [_stopping(result, outdir)]
     if isinstance(result, StoppingGridResult):
         return [_stopping_grid(result, outdir)]
-    raise TypeError(f"no plot for {type(result).__name__}")
+    raise ConfigError(f"--plot: no plot for {type(result).__name__}")

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from monitor.core.errors import ConfigError
 from monitor.core.stopping import StoppingRule
 
 __all__ = ["StoppingTrials", "parse_distribution", "run_stopping_trials"]
@@ -40,15 +41,16 @@ class StoppingTrials:
 
 
 def parse_distribution(text: str) -> np.ndarray:
-    """``"0.7,0.2,0.1"`` → probabilities; must be positive and sum to 1 (±1e-6)."""
+    """``"0.7,0.2,0.1"`` → probabilities; must be positive and sum to 1 (±1e-6), else a
+    :class:`~monitor.core.errors.ConfigError`."""
     try:
         p = np.array([float(x) for x in text.split(",") if x.strip()], dtype=float)
     except ValueError:
-        raise ValueError(f"not a list of numbers: {text!r}") from None
+        raise ConfigError(f"not a list of numbers: {text!r}") from None
     if p.size == 0 or not np.isfinite(p).all() or (p <= 0).any():
-        raise ValueError(f"probabilities must be positive numbers: {text!r}")
+        raise ConfigError(f"probabilities must be positive numbers: {text!r}")
     if abs(p.sum() - 1.0) > 1e-6:
-        raise ValueError(f"probabilities must sum to 1, got {p.sum():g}: {text!r}")
+        raise ConfigError(f"probabilities must sum to 1, got {p.sum():g}: {text!r}")
     normalised: np.ndarray = p / p.sum()
     return normalised
 

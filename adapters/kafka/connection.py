@@ -1,0 +1,170 @@
+"""What every relmon Kafka client shares: the client options, connection checks,
+closing, dead-letter headers, the consumer-lag gauge, and the error for an unreachable
+cluster."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import structlog
+from aiokafka.errors import KafkaError
+
+from monitor.core.errors import ConfigError, RelmonError
+
+__all__ = [
+    "CLIENT_OPTION_KEYS",
+    "CONNECT_ERRORS",
+    "MAX_REASON_CHARS",
+    "METADATA_MAX_AGE_MS",
+    "ConsumerLag",
+    "KafkaUnavailableError",
+    "close_clients",
+    "dead_letter_headers",
+    "has_live_connection",
+]
+
+log = structlog.get_logger("adapters.kafka.source")
+
+CLIENT_OPTION_KEYS = frozenset(
+    {
+        "api_version",
+        "client_id",
+        "connections_max_idle_ms",
+        "metadata_max_age_ms",
+        "request_timeout_ms",
+        "retry_backoff_ms",
+        "sasl_kerberos_domain_name",
+        "sasl_kerberos_service_name",
+        "sasl_mechanism",
+        "sasl_oauth_token_provider",
+        "sasl_plain_password",
+        "sasl_plain_username",
+        "security_protocol",
+        "ssl_context",
+    }
+)
+"""Consumer options that also apply to the dead-letter producer (same cluster)."""
+
+CONNECT_ERRORS: tuple[type[Exception], ...] = (KafkaError, KeyError)
+"""What starting an aiokafka client raises when the cluster refuses it: KafkaError, or
+KeyError from aiokafka's SCRAM client when the broker ends the exchange with an error
+(``e=unknown-user``) instead of its signature."""
+
+MAX_REASON_CHARS = 300
+"""The longest dead-letter reason kept (in the ``relmon-error`` header)."""
+_LAG_TIMEOUT_S = 10.0
+METADATA_MAX_AGE_MS = 10_000
+"""Consumers refresh metadata this often: a new partition, or a topic that appears after
+a broker came back empty, is seen within 10 s instead of aiokafka's 5 minutes."""
+
+
+def has_live_connection(client: Any) -> bool:
+    """Whether an (aiokafka) client holds at least one live broker connection."""
+    conns = getattr(getattr(client, "_client", None), "_conns", None)
+    if conns is None:
+        return True
+    return any(conn.connected() for conn in list(conns.values()))
+
+
+async def close_clients(clients: Sequence[Any], topic: str) -> None:
+    """Stop each started aiokafka client, also when the broker is gone."""
+    for client in clients:
+        if client is None:
+            continue
+        try:
+            await client.stop()
+        except KafkaError as exc:
+            log.warning("kafka.close_failed", error=type(exc).__name__)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
+            # aiokafka's fetcher re-raises the cancellation of its own retry sleep
+            # when the broker is gone; finish closing the connections by hand.
+            log.warning("kafka.close_interrupted", topic=topic)
+            inner = getattr(client, "_client", None)
+            if inner is not None:
+                await inner.close()
+
+
+class KafkaUnavailableError(RelmonError):
+    """Kafka could not be reached, or refused to store a record or an offset."""
+
+    retriable = True
+
+
+def dead_letter_headers(
+    reason: str, topic: str, partition: int, offset: int, stream: str = "traffic"
+) -> list[tuple[str, bytes]]:
+    """The headers of a dead-letter record (the reason is cut to a few hundred chars).
+
+    ``relmon-stream`` names what the record was: ``traffic`` (an event) or ``verdicts``.
+    """
+    return [
+        ("relmon-error", reason[:MAX_REASON_CHARS].encode("utf-8", "replace")),
+        ("relmon-stream", stream.encode()),
+        ("relmon-source-topic", topic.encode()),
+        ("relmon-source-partition", str(partition).encode()),
+        ("relmon-source-offset", str(offset).encode()),
+    ]
+
+
+class ConsumerLag:
+    """Measures and exports one consumer's lag: records behind the log end per partition.
+
+    ``consumed(tp)`` gives the first offset of a partition not done yet (None: use the
+    consumer's position). The log end is the larger of a fresh ``end_offsets`` answer and
+    the last fetch's high watermark (a broker may under-report one of them).
+    """
+
+    def __init__(
+        self, gauge: Any, interval_s: float, consumed: Callable[[Any], int | None]
+    ) -> None:
+        if interval_s <= 0:
+            raise ConfigError("lag_interval_s must be positive")
+        self._gauge = gauge
+        self._interval_s = interval_s
+        self._consumed = consumed
+        self._series: set[tuple[str, str]] = set()
+        self.lag: dict[Any, int] = {}
+        """The last measurement, per assigned partition."""
+
+    async def measure(self, consumer: Any) -> dict[Any, int]:
+        tps = sorted(consumer.assignment(), key=lambda tp: (tp.topic, tp.partition))
+        end = await consumer.end_offsets(tps) if tps else {}
+        lag: dict[Any, int] = {}
+        for tp in tps:
+            if tp not in consumer.assignment():
+                continue  # revoked meanwhile
+            done = self._consumed(tp)
+            if done is None:
+                done = await consumer.position(tp)
+            log_end = max(end.get(tp) or 0, consumer.highwater(tp) or 0)
+            lag[tp] = max(0, log_end - done)
+        self.lag = lag
+        self.export(lag)
+        return lag
+
+    def export(self, lag: Mapping[Any, int]) -> None:
+        """Set the gauge's series of ``lag``; remove this consumer's other series."""
+        if self._gauge is None:
+            return
+        series = {(tp.topic, str(tp.partition)): n for tp, n in lag.items()}
+        for labels in self._series - series.keys():
+            with contextlib.suppress(KeyError):
+                self._gauge.remove(*labels)
+        for labels, n in series.items():
+            self._gauge.labels(*labels).set(n)
+        self._series = set(series)
+
+    async def loop(self, consumer: Any, topic: str) -> None:
+        """Measure every ``interval_s`` until cancelled (a failed try is logged, retried)."""
+        while True:
+            try:
+                await asyncio.wait_for(self.measure(consumer), _LAG_TIMEOUT_S)
+            except (KafkaError, TimeoutError) as exc:
+                log.info("kafka.lag_unknown", topic=topic, error=type(exc).__name__)
+            await asyncio.sleep(self._interval_s)

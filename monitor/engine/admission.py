@@ -1,0 +1,160 @@
+"""Admission: which task an event belongs to, whether it is sampled, and whether there
+is budget and queue room for it, decided at once (a source never waits on relmon).
+
+An event is ``skipped`` (no task, or not hash-sampled), a ``duplicate`` (its item was
+admitted before, or its review item exists), ``sampled`` (queued for a worker), or,
+without room, ``dropped`` (mirror, proxy) or ``busy`` (a source that may wait: Kafka).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import structlog
+
+from monitor.core.events import TrafficEvent
+from monitor.core.sampler import CallBudget, sampled
+from monitor.engine.metrics import Metrics
+from monitor.engine.ports import Admission, CalibrationStore, Clock
+from monitor.engine.runtime import Job, ServiceStats, TaskRuntime, item_id
+
+__all__ = ["RECENT_ITEM_IDS", "AdmissionControl", "TaskRouter"]
+
+log = structlog.get_logger("relmon")
+
+RECENT_ITEM_IDS = 100_000
+"""How many admitted item ids are remembered to recognise a repeated event."""
+
+
+class TaskRouter:
+    """The task of an event: named in it, else by its model, else the catch-all task
+    (the first with no match condition)."""
+
+    def __init__(self, tasks: Mapping[str, TaskRuntime]) -> None:
+        self.tasks = tasks
+        # Computed once: resolve runs for every offered event.
+        self._catch_all = next(
+            (
+                t
+                for t in tasks.values()
+                if t.settings.match.model is None
+                and t.settings.match.header is None
+                and t.settings.match.path_prefix is None
+            ),
+            None,
+        )
+
+    def resolve(self, event: TrafficEvent) -> TaskRuntime | None:
+        if event.task is not None:
+            return self.tasks.get(event.task)
+        for task in self.tasks.values():
+            m = task.settings.match
+            if m.model is not None and m.model == event.model:
+                return task
+        return self._catch_all
+
+    def resolve_name(
+        self, headers: Mapping[str, str], path: str, body: Mapping[str, Any], header_name: str
+    ) -> str | None:
+        """Task for an HTTP request: header value, then path prefix, then model."""
+        value = headers.get(header_name)
+        for task in self.tasks.values():
+            m = task.settings.match
+            if value is not None and value in {m.header, task.name}:
+                return task.name
+        for task in self.tasks.values():
+            m = task.settings.match
+            if m.path_prefix is not None and path.startswith(m.path_prefix):
+                return task.name
+        model = body.get("model")
+        for task in self.tasks.values():
+            if task.settings.match.model is not None and task.settings.match.model == model:
+                return task.name
+        return None
+
+
+class AdmissionControl:
+    """Decides :meth:`offer` and counts every decision."""
+
+    def __init__(
+        self,
+        router: TaskRouter,
+        *,
+        store: CalibrationStore,
+        metrics: Metrics,
+        clock: Clock,
+        budget: CallBudget,
+        queue: asyncio.Queue[Job],
+        stats: ServiceStats,
+    ) -> None:
+        self.router = router
+        self.store = store
+        self.metrics = metrics
+        self.clock = clock
+        self.budget = budget
+        self.queue = queue
+        self.stats = stats
+        self.accepting = True
+        self._admitted: OrderedDict[str, asyncio.Future[None] | None] = OrderedDict()
+
+    def count(self, source: str, decision: str) -> None:
+        self.metrics.traffic_events.labels(source, decision).inc()
+        self.stats.by_decision[decision] += 1
+
+    def reject(self, source: str, reason: str) -> None:
+        """A malformed event a source could not parse (already dead-lettered by it)."""
+        self.count(source, "rejected")
+        log.warning("event_rejected", source=source, reason=reason)
+
+    def offer(self, event: TrafficEvent, source: str, *, wait: bool = False) -> Admission:
+        """Admit or not; never blocks, never raises for a bad event (see the module)."""
+        task = self.router.resolve(event)
+        if task is None or not sampled(task.name, event.id, task.settings.sampling_rate):
+            self.count(source, "skipped")
+            return Admission("skipped")
+        key = item_id(task.name, event.id)
+        if key in self._admitted or self.store.has_review_item(key):
+            self.count(source, "duplicate")
+            earlier = self._admitted.get(key)
+            return Admission("duplicate", earlier if earlier and not earlier.done() else None)
+        now = self.clock.monotonic()
+        reserve = task.settings.k_max
+        if not self.accepting or not self.budget.try_reserve(reserve, now):
+            return self._no_room(source, wait)
+        loop = asyncio.get_running_loop()
+        job = Job(event, task, source, self.clock.time(), reserve, loop.create_future())
+        try:
+            self.queue.put_nowait(job)
+        except asyncio.QueueFull:
+            self.budget.refund(reserve, now)
+            return self._no_room(source, wait)
+        self.remember(key, job.done)
+        self.count(source, "sampled")
+        return Admission("sampled", job.done)
+
+    def _no_room(self, source: str, wait: bool) -> Admission:
+        if wait:
+            return Admission("busy")
+        self.count(source, "dropped")
+        return Admission("dropped")
+
+    def remember(self, key: str, done: asyncio.Future[None] | None) -> None:
+        """Keep the item id of an admitted item (the last ``RECENT_ITEM_IDS`` of them)."""
+        admitted = self._admitted
+        admitted[key] = done
+        admitted.move_to_end(key)
+        if len(admitted) > RECENT_ITEM_IDS:
+            admitted.popitem(last=False)
+
+    def forget(self, key: str) -> None:
+        """An item whose review item was not published: a later delivery of the same
+        event must not count as a duplicate of it."""
+        self._admitted.pop(key, None)
+
+    def remember_all(self, keys: Sequence[str]) -> None:
+        """Item ids handled before a restart (recognised as duplicates)."""
+        for key in keys:
+            self.remember(key, None)

@@ -1,0 +1,253 @@
+"""The calibration of every (model, task): its window, alarm and ACI state, fed by
+verdicts, rebuilt from the store at a start, published as gauges.
+
+A verdict (:meth:`Calibration.apply_verdict`) becomes a score by the one rule of
+:mod:`monitor.engine.verdicts`, is stored once by item id (the first stored verdict
+counts), and enters the window, the e-detector, ACI's alpha_t and the live check of the
+guarantee (was the score within the threshold in force when the item was scored?).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import structlog
+
+from monitor.core.alarm import EDetector
+from monitor.core.conformal import AdaptiveAlpha
+from monitor.core.errors import InputError
+from monitor.core.review import ReviewItem, TaskProgress, Verdict, minimum_calibration_items
+from monitor.core.window import CalibrationWindow, WindowSnapshot
+from monitor.engine.metrics import Metrics
+from monitor.engine.ports import CalibrationRecord, CalibrationStore, Clock, VerdictOutcome
+from monitor.engine.runtime import TaskRuntime
+from monitor.engine.verdicts import VerdictScorer, calibration_record, ranks_beyond_candidates
+
+__all__ = ["Calibration", "WindowState"]
+
+log = structlog.get_logger("relmon")
+
+
+@dataclass
+class WindowState:
+    """One (model, task)'s calibration: the window and what is derived from the same
+    verdicts (the alarm, ACI's alpha_t), and the review items still waiting."""
+
+    window: CalibrationWindow
+    snapshot: WindowSnapshot | None = None
+    snapshot_at: float = -1.0
+    pending_reviews: int = 0
+    detector: EDetector | None = None
+    aci: AdaptiveAlpha | None = None
+    """With ACI on: the counts behind the adaptive alpha_t served for the target's sets."""
+
+    @property
+    def aci_alpha(self) -> float | None:
+        return None if self.aci is None else self.aci.value
+
+
+class Calibration:
+    """The windows of every configured task, one per (model, task)."""
+
+    def __init__(
+        self,
+        tasks: Mapping[str, TaskRuntime],
+        *,
+        store: CalibrationStore,
+        metrics: Metrics,
+        clock: Clock,
+        scorer: VerdictScorer,
+    ) -> None:
+        self.tasks = tasks
+        self.store = store
+        self.metrics = metrics
+        self.clock = clock
+        self.scorer = scorer
+        self.windows: dict[tuple[str, str], WindowState] = {}
+
+    def state(self, model: str, task: TaskRuntime) -> WindowState:
+        key = (model, task.name)
+        state = self.windows.get(key)
+        if state is None:
+            s = task.settings
+            state = WindowState(
+                CalibrationWindow(
+                    alphas=task.alphas,
+                    max_items=s.window_size,
+                    half_life_s=s.half_life_s,
+                    min_inclusion_probability=s.review_floor,
+                ),
+                detector=EDetector(
+                    tau=s.reliability_target, alpha=s.alarm_alpha, pi_min=s.review_floor
+                ),
+                aci=(
+                    AdaptiveAlpha(task.target_alpha, s.aci_gamma)
+                    if s.aci_gamma is not None
+                    else None
+                ),
+            )
+            self.windows[key] = state
+        return state
+
+    def snapshot(self, model: str, task_name: str, *, max_age_s: float = 0.0) -> WindowSnapshot:
+        """The window's snapshot now (cached for ``max_age_s`` seconds)."""
+        state = self.state(model, self.tasks[task_name])
+        now = self.clock.time()
+        if state.snapshot is None or now - state.snapshot_at > max_age_s:
+            state.snapshot = state.window.snapshot(now)
+            state.snapshot_at = now
+        return state.snapshot
+
+    def publish(self) -> None:
+        """Every window's gauges (decay moves with time, not only with verdicts)."""
+        for (model, name), state in self.windows.items():
+            self._publish_window(model, name, state)
+
+    def _publish_window(self, model: str, name: str, state: WindowState) -> None:
+        self.metrics.publish(model, name, self.snapshot(model, name), self.tasks[name].alphas)
+        self.metrics.review_queue_depth.labels(model, name).set(state.pending_reviews)
+
+    async def load(self) -> int:
+        """Rebuild the windows from the store; returns how many records were loaded."""
+        loaded = 0
+        for r in await self.store.load_records():
+            task = self.tasks.get(r.task)
+            if task is None:
+                continue  # a task no longer configured
+            loaded += self._add(self.state(r.model, task), r)
+        for (model, name), count in (await self.store.pending_counts()).items():
+            if name in self.tasks:
+                self.state(model, self.tasks[name]).pending_reviews = count
+        for (model, name), state in self.windows.items():
+            self._publish_alarm(model, name, state)
+        return loaded
+
+    def _add(self, state: WindowState, record: CalibrationRecord) -> bool:
+        """A record into the window and what follows the same verdicts; False if the
+        window already held its item."""
+        added = state.window.add(
+            record.item_id,
+            record.score,
+            record.inclusion_probability,
+            record.sampled_at,
+            order=record.order or None,
+        )
+        if added:
+            self._update_alarm(state, record.score, record.inclusion_probability)
+            # ACI: one step per applied verdict, kept as counts (the same at a restart,
+            # which replays the stored aci_miss, whatever order the verdicts came in).
+            if state.aci is not None and record.aci_miss is not None:
+                state.aci.update(record.aci_miss)
+            state.snapshot = None
+        return added
+
+    def note_review_item(self, item: ReviewItem) -> None:
+        """A review item is waiting for a verdict (written here or by another replica)."""
+        task = self.tasks.get(item.task)
+        if task is None:
+            return
+        state = self.state(item.model, task)
+        state.pending_reviews += 1
+        self.metrics.review_queue_depth.labels(item.model, item.task).set(state.pending_reviews)
+
+    def reject_verdict(self, kind: str, reason: str) -> None:
+        """A verdict a review backend refused before it reached :meth:`apply_verdict`
+        (``invalid``: unreadable; ``unknown``: its review item never came)."""
+        self.metrics.reviews.labels("", "", kind).inc()
+        log.warning("verdict_rejected", kind=kind, reason=reason)
+
+    async def apply_verdict(self, verdict: Verdict) -> VerdictOutcome:
+        item = await self.store.get_review_item(verdict.item_id)
+        if item is None or item.task not in self.tasks:
+            self.metrics.reviews.labels("", "", "unknown").inc()
+            return VerdictOutcome("unknown", reason="no such review item")
+        task = self.tasks[item.task]
+        if ranks_beyond_candidates(item, verdict):
+            self.metrics.reviews.labels(item.model, item.task, "invalid").inc()
+            return VerdictOutcome("invalid", reason="accepted rank beyond the candidates")
+        score = self.scorer(item, verdict)
+        state = self.state(item.model, task)
+        order = await self.store.save_record(calibration_record(item, score), verdict)
+        if order is None or item.item_id in state.window:
+            # The item keeps its first verdict: answer with the score that one gave.
+            stored = await self.store.get_record(item.item_id)
+            self.metrics.reviews.labels(item.model, item.task, "duplicate").inc()
+            return VerdictOutcome("duplicate", score=score if stored is None else stored.score)
+        self._add(state, calibration_record(item, score, order=order))
+        state.pending_reviews = max(0, state.pending_reviews - 1)
+        self._count_verdict(item, verdict, score, task)
+        self._publish_alarm(item.model, item.task, state)
+        self._publish_window(item.model, item.task, state)
+        return VerdictOutcome("applied", score=score)
+
+    def _count_verdict(
+        self, item: ReviewItem, verdict: Verdict, score: float, task: TaskRuntime
+    ) -> None:
+        self.metrics.reviews.labels(
+            item.model, item.task, "none" if verdict.none_of_these else "accepted"
+        ).inc()
+        # The SLI: was the top-ranked answer acceptable? Weighted 1/pi so that the rate
+        # estimates the share over all traffic even when review is not uniform.
+        top = "accepted" if score <= 1 else "rejected"
+        self.metrics.top_answers.labels(item.model, item.task, top).inc(
+            1.0 / item.inclusion_probability
+        )
+        self._self_check(item, score, task)
+
+    def review_progress(self) -> list[TaskProgress]:
+        """Each configured task's calibration state against what its target needs."""
+        out = []
+        for task in self.tasks.values():
+            snap = self.snapshot(task.model, task.name, max_age_s=1.0)
+            out.append(
+                TaskProgress(
+                    model=task.model,
+                    task=task.name,
+                    calibration_items=snap.n,
+                    effective_items=round(snap.n_eff, 3),
+                    minimum_items=minimum_calibration_items(task.target_alpha),
+                    threshold_finite=math.isfinite(snap.thresholds[task.target_alpha]),
+                )
+            )
+        return out
+
+    def _self_check(self, item: ReviewItem, score: float, task: TaskRuntime) -> None:
+        """The guarantee checked live: was the score within the threshold in force when
+        the item was scored? Weighted 1/pi like the SLI, so that 1 - misses/checks
+        estimates the coverage of traffic, not of the (possibly prioritised) reviews."""
+        weight = 1.0 / item.inclusion_probability
+        known = set(task.alphas)
+        for alpha, threshold in item.thresholds:
+            if alpha not in known:
+                continue  # an alpha no longer configured (no pre-created series)
+            label = f"{alpha:g}"
+            self.metrics.coverage_checks.labels(item.model, item.task, label).inc(weight)
+            if score > threshold:
+                self.metrics.coverage_misses.labels(item.model, item.task, label).inc(weight)
+
+    @staticmethod
+    def _update_alarm(state: WindowState, score: float, pi: float) -> None:
+        if state.detector is None:
+            return
+        try:
+            state.detector.update(score <= 1.0, pi)
+        except InputError:
+            # A record reviewed under an older, lower floor: it cannot be weighted
+            # validly against the current floor, so it does not enter the alarm.
+            return
+
+    def _publish_alarm(self, model: str, task: str, state: WindowState) -> None:
+        if state.detector is None:
+            return
+        self.metrics.reliability_alarm_evalue.labels(model, task).set(state.detector.value)
+        self.metrics.reliability_alarm.labels(model, task).set(1.0 if state.detector.alarm else 0.0)
+
+    def aci_alpha(self, model: str, task_name: str) -> float | None:
+        """The adaptive alpha_t served for the target's sets (None when ACI is off).
+
+        A function of the applied verdicts' ACI steps (:attr:`CalibrationRecord.aci_miss`),
+        not of their order: a restart, which replays the stored records, restores it.
+        """
+        return self.state(model, self.tasks[task_name]).aci_alpha

@@ -1,0 +1,113 @@
+"""The engine's shared vocabulary: a configured task with its live parts, an admitted
+job, the running counts, and the one rule for item ids.
+
+Names (docs/glossary.md): the **event id** is the id a traffic event carries (an
+``X-Request-Id``, a Kafka event's ``id``); the **item id** is ``task:event id``, the id
+of the item re-asked, reviewed and calibrated (:func:`item_id`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from dataclasses import dataclass, field
+
+from monitor.config import TaskSettings
+from monitor.core.canon.base import AsyncCanonicalizer, Canonicalizer
+from monitor.core.consensus import Consensus
+from monitor.core.events import TrafficEvent
+from monitor.core.priority import prioritised_inclusion_probability
+from monitor.core.stopping import StoppingRule
+from monitor.engine.ports import ModelClient
+
+__all__ = ["Job", "ServiceStats", "TaskRuntime", "item_id", "item_seed_key"]
+
+
+def item_id(task_name: str, event_id: str) -> str:
+    """The item id of event ``event_id`` under task ``task_name``: ``task:event id``.
+
+    The one place this is built: review items, verdicts, duplicates and the calibration
+    window all use it.
+    """
+    return f"{task_name}:{event_id}"
+
+
+def item_seed_key(task_name: str, event_id: str) -> str:
+    """The key of the item's own random generator (ties in the ranking, the review
+    draw): the same for a re-delivered event, so that it is ranked the same way."""
+    return f"{task_name}\x00{event_id}"
+
+
+@dataclass
+class TaskRuntime:
+    """A configured task with its live parts."""
+
+    settings: TaskSettings
+    canonicalizer: AsyncCanonicalizer
+    rule: StoppingRule
+    client: ModelClient
+    sync_canonicalizer: Canonicalizer | None = None
+    client_outcomes: tuple[str, ...] = ()
+    """Every ``relmon_model_calls_total{outcome}`` value the client reports (pre-created)."""
+
+    @property
+    def name(self) -> str:
+        return self.settings.name
+
+    @property
+    def model(self) -> str:
+        """The ``model`` label: always the task's configured model, never a request's.
+
+        A client-supplied model name is unbounded (one series per distinct value), so a
+        request is counted under the model of the task it resolved to.
+        """
+        s = self.settings
+        return s.endpoint.model or s.match.model or self.name
+
+    @property
+    def target_alpha(self) -> float:
+        return round(1.0 - self.settings.reliability_target, 10)
+
+    @property
+    def alphas(self) -> tuple[float, ...]:
+        return tuple(sorted({*self.settings.alphas, self.target_alpha}))
+
+    def inclusion_probability(self, consensus: Consensus) -> float:
+        """The item's inclusion probability pi (its chance to go to review): the task's
+        review rate, or by uncertainty with a floor."""
+        s = self.settings
+        if s.review_priority == "uniform":
+            return s.review_rate
+        return prioritised_inclusion_probability(
+            consensus, floor=s.review_floor, ceiling=s.review_rate
+        )
+
+
+@dataclass
+class Job:
+    """An admitted event on its way through a worker."""
+
+    event: TrafficEvent
+    task: TaskRuntime
+    source: str
+    sampled_at: float
+    reserved: int
+    """Model calls reserved from the budget (settled with the calls used)."""
+    done: asyncio.Future[None]
+
+    @property
+    def item_id(self) -> str:
+        return item_id(self.task.name, self.event.id)
+
+
+@dataclass
+class ServiceStats:
+    """Running counts of this process (the metrics carry the same, labelled)."""
+
+    scored: int = 0
+    abandoned: int = 0
+    interrupted: int = 0
+    reviewed: int = 0
+    verdicts: int = 0
+    calls: int = 0
+    by_decision: Counter[str] = field(default_factory=Counter)

@@ -1,0 +1,248 @@
+"""The workers: each takes an admitted job, re-asks the model in batches chosen by the
+stopping rule, canonicalizes and ranks the answers, serves the prediction sets from the
+current thresholds, and with the item's inclusion probability sends it to review.
+
+An item whose model calls fail is abandoned and counted, never scored on partial data;
+an item a stop interrupts is counted as interrupted. Every item settles its reserved
+budget with the calls it used and resolves its ``done`` future.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import Counter
+
+import structlog
+
+from monitor.core.canon.base import QueryContext
+from monitor.core.certify import item_rng
+from monitor.core.consensus import Consensus, rank_classes
+from monitor.core.errors import InputError, ModelCallError
+from monitor.core.events import query_hash, query_text
+from monitor.core.redaction import Redactor
+from monitor.core.sampler import CallBudget
+from monitor.core.scores import set_size
+from monitor.engine.calibration import Calibration
+from monitor.engine.metrics import Metrics
+from monitor.engine.ports import Clock
+from monitor.engine.reviews import ReviewRouter
+from monitor.engine.runtime import Job, ServiceStats, item_seed_key
+
+__all__ = ["WorkerPool"]
+
+log = structlog.get_logger("relmon")
+
+
+class WorkerPool:
+    """``max_in_flight`` workers on one bounded queue."""
+
+    def __init__(
+        self,
+        queue: asyncio.Queue[Job],
+        *,
+        size: int,
+        calibration: Calibration,
+        reviews: ReviewRouter,
+        metrics: Metrics,
+        clock: Clock,
+        budget: CallBudget,
+        stats: ServiceStats,
+        redactor: Redactor,
+        seed: int,
+        log_prompts: bool,
+        query_hash_key: bytes,
+    ) -> None:
+        self.queue = queue
+        self.size = size
+        self.calibration = calibration
+        self.reviews = reviews
+        self.metrics = metrics
+        self.clock = clock
+        self.budget = budget
+        self.stats = stats
+        self.redactor = redactor
+        self.seed = seed
+        self.log_prompts = log_prompts
+        self.query_hash_key = query_hash_key
+        self.busy = 0
+        """Jobs a worker is handling now."""
+        self._workers: list[asyncio.Task[None]] = []
+
+    @property
+    def in_flight(self) -> int:
+        """Admitted items not finished: being handled or queued."""
+        return self.busy + self.queue.qsize()
+
+    def start(self) -> None:
+        if not self._workers:
+            self._workers = [
+                asyncio.create_task(self._worker(), name=f"relmon-worker-{i}")
+                for i in range(self.size)
+            ]
+
+    async def drain(self) -> None:
+        """Wait until every admitted item is handled."""
+        await self.queue.join()
+
+    async def stop(self, timeout_s: float) -> bool:
+        """Finish in-flight items within ``timeout_s``; True if drained.
+
+        Items not finished are counted as ``relmon_items_total{outcome="interrupted"}``;
+        those never started keep their ``done`` unresolved, so a Kafka source does not
+        commit them and they are delivered again after a restart.
+        """
+        drained = True
+        try:
+            await asyncio.wait_for(self.queue.join(), timeout_s)
+        except TimeoutError:
+            drained = False
+        for w in self._workers:
+            w.cancel()
+        for w in self._workers:
+            with contextlib.suppress(asyncio.CancelledError):
+                await w
+        self._workers = []
+        while not self.queue.empty():  # admitted, never started: counted, not dropped
+            job = self.queue.get_nowait()
+            self._interrupted(job)
+            self.budget.refund(job.reserved, self.clock.monotonic())
+            self.queue.task_done()
+        return drained
+
+    async def _worker(self) -> None:
+        while True:
+            job = await self.queue.get()
+            self.busy += 1
+            try:
+                await self._process(job)
+            except Exception:  # one item's failure must not stop the worker
+                log.exception("item_failed", item=job.item_id, task=job.task.name)
+                if not job.done.done():
+                    job.done.set_result(None)
+            finally:
+                self.busy -= 1
+                self.queue.task_done()
+
+    def _interrupted(self, job: Job) -> None:
+        model = job.task.model
+        self.metrics.items.labels(model, job.task.name, "interrupted").inc()
+        self.stats.interrupted += 1
+        log.warning("item_interrupted", item=job.item_id, task=job.task.name, model=model)
+
+    async def _sample(self, job: Job) -> tuple[list[str], list[str]]:
+        """The raw answers and their classes. With redaction before canonicalization
+        (:meth:`Redactor.redacts_before`) the canonicalizer sees only redacted answers and
+        a redacted query, so no secret reaches it, a judge model or a class."""
+        task, event = job.task, job.event
+        redact = self.redactor.redacts_before(task.canonicalizer)
+        query = query_text(event.request)
+        context = QueryContext(query=self.redactor.redact(query) if redact else query)
+        answers: list[str] = []
+        seen: list[str] = []  # what the canonicalizer is given
+        redacted: dict[str, str] = {}
+        classes: list[str] = []
+        decision = task.rule.decide([])
+        while not decision.stop:
+            batch = await task.client.sample(event.request, decision.more)
+            answers.extend(batch)
+            seen.extend(self.redactor.redact_all(batch, redacted) if redact else batch)
+            self.stats.calls += decision.more
+            classes = await task.canonicalizer.canonicalize_many(seen, context)
+            decision = task.rule.decide(Counter(classes).values())
+        return answers, classes
+
+    async def _process(self, job: Job) -> None:
+        task, event = job.task, job.event
+        model = task.model
+        started = self.clock.monotonic()
+        used = 0
+        try:
+            try:
+                answers, classes = await self._sample(job)
+            except asyncio.CancelledError:  # stopped before the item was finished
+                self._interrupted(job)
+                raise
+            except (ModelCallError, InputError) as exc:
+                self.stats.abandoned += 1
+                self.metrics.items.labels(model, task.name, "abandoned").inc()
+                log.warning(
+                    "item_abandoned", item=job.item_id, task=task.name, model=model, error=str(exc)
+                )
+                return
+            used = len(answers)
+            rng = item_rng(self.seed, item_seed_key(task.name, event.id))
+            consensus = rank_classes(classes, rng)
+            pi = task.inclusion_probability(consensus)
+            reviewed = bool(rng.random() < pi)
+            set_size_served = await self._score(job, consensus, pi, reviewed, started)
+            self._log_item(job, consensus, set_size_served, reviewed, started)
+        finally:
+            self.budget.settle(job.reserved, used, self.clock.monotonic())
+            if not job.done.done():
+                job.done.set_result(None)
+
+    async def _score(
+        self, job: Job, consensus: Consensus, pi: float, reviewed: bool, started: float
+    ) -> float:
+        """Serve the sets, count the item, and route it to review if drawn; returns the
+        size of the set served at the task's target."""
+        task = job.task
+        model = task.model
+        snap = self.calibration.snapshot(model, task.name, max_age_s=1.0)
+        sizes = {a: set_size(consensus, "rank", snap.thresholds[a]) for a in task.alphas}
+        state = self.calibration.state(model, task)
+        aci_threshold = None
+        if state.aci_alpha is not None:  # the served set follows alpha_t
+            aci_threshold = state.window.threshold_at(state.aci_alpha, self.clock.time())
+            sizes[task.target_alpha] = set_size(consensus, "rank", aci_threshold)
+        self.metrics.samples_per_item.labels(model, task.name).observe(consensus.k)
+        self.metrics.set_size.labels(model, task.name).observe(sizes[task.target_alpha])
+        self.metrics.items.labels(model, task.name, "scored").inc()
+        self.metrics.item_duration.labels(model, task.name).observe(
+            self.clock.monotonic() - started
+        )
+        self.stats.scored += 1
+        if reviewed:
+            item = self.reviews.review_item(
+                job,
+                consensus,
+                inclusion_probability=pi,
+                thresholds=tuple((a, snap.thresholds[a]) for a in task.alphas),
+                aci_threshold=aci_threshold,
+            )
+            if await self.reviews.route(item):
+                self.stats.reviewed += 1
+        return sizes[task.target_alpha]
+
+    def _log_item(
+        self,
+        job: Job,
+        consensus: Consensus,
+        set_size_served: float,
+        reviewed: bool,
+        started: float,
+    ) -> None:
+        """The one summary line of an item: ids and a keyed hash of the query, never its
+        text unless ``log_prompts``."""
+        task, event = job.task, job.event
+        log.info(
+            "item",
+            item=job.item_id,
+            task=task.name,
+            model=task.model,
+            source=job.source,
+            query=(
+                query_text(event.request)
+                if self.log_prompts
+                else query_hash(event.request, self.query_hash_key)
+            ),
+            k=consensus.k,
+            classes=len(consensus.classes),
+            strength=round(consensus.strength, 3),
+            margin=round(consensus.margin, 3),
+            set_size=set_size_served,
+            reviewed=reviewed,
+            seconds=round(self.clock.monotonic() - started, 3),
+            **({"answer": consensus.classes[0]} if self.log_prompts else {}),
+        )

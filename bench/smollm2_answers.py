@@ -19,9 +19,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from tests.model.llama_server import llama_server
+from benchlib import llama_server
 
 CAPITALS = [
     ("France", "Paris"),

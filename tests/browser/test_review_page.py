@@ -59,6 +59,7 @@ from monitor.core.review import ReviewItem
 from monitor.core.window import CalibrationWindow
 from tests.http.test_review_api import Handler, item
 from tests.ports import free_port
+from tests.waiting import wait_until_sync
 
 TOKEN = "browser-test-token-7c1f"
 HALF_LIFE_S = 30.0  # the demo's task settings
@@ -146,16 +147,16 @@ def start_demo(state_dir: Path, log: Path) -> Demo:
     with log.open("ab") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
     demo = Demo(proc, state_dir, f"http://127.0.0.1:{ports[0]}", f"http://127.0.0.1:{ports[1]}")
-    deadline = time.monotonic() + 120
-    while True:
-        assert proc.poll() is None, log.read_text()
-        try:
-            if demo.get(f"{demo.metrics}/readyz", None)[0] == 200:
-                return demo
-        except OSError:
-            pass
-        assert time.monotonic() < deadline, "the demo did not become ready"
-        time.sleep(0.2)
+    wait_until_sync(
+        lambda: demo.get(f"{demo.metrics}/readyz", None)[0] == 200,
+        timeout_s=120,
+        what="the demo to be ready",
+        interval_s=0.2,
+        alive=proc,
+        ignore=(OSError,),
+        detail=lambda: log.read_text()[-3000:],
+    )
+    return demo
 
 
 @pytest.fixture
@@ -323,13 +324,6 @@ def page_server(path: Path, items: Sequence[ReviewItem], lease_s: float) -> Iter
             run_in(loop, stop())
 
 
-def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
-
-
 def test_a_wrong_token_is_refused(demo: Demo, browser: Browser) -> None:
     page = new_tab(browser)
     urls: list[str] = []
@@ -411,10 +405,11 @@ def window_from(records: Any) -> CalibrationWindow:
 def test_keyboard_review_of_20_items_with_undo(
     demo: Demo, proxy: Proxy, browser: Browser, tmp_path: Path
 ) -> None:
-    wait_until(
+    wait_until_sync(
         lambda: demo.value("relmon_review_queue_depth") >= 25,
-        120,
-        "25 items waiting for review",
+        timeout_s=120,
+        what="25 items waiting for review",
+        interval_s=0.2,
     )
     level_before = demo.value("relmon_reliability_level")
     assert demo.value("relmon_calibration_items") == 0 and level_before == 0.0
@@ -526,10 +521,11 @@ def test_keyboard_review_of_20_items_with_undo(
         assert any(r != sorted(r, key=int) for r in multi)
 
     # The verdicts land once their undo window (10 s) has passed.
-    wait_until(
+    wait_until_sync(
         lambda: demo.value("relmon_calibration_items") == 20,
-        90,
-        "20 verdicts in the calibration window",
+        timeout_s=90,
+        what="20 verdicts in the calibration window",
+        interval_s=0.2,
     )
     sampled_at = {}
     for item_id, score in expected.items():
@@ -643,8 +639,18 @@ def test_single_candidate_layout_and_leases_renewed_past_their_length(
         assert shown["texts"] == ["1Correct: 42"]
         assert "1 = correct, 0 = incorrect" in page.locator("#hint").inner_text()
 
-        # Three leases long: the tab renews the item shown and the prefetched one.
-        page.wait_for_timeout(3 * lease_s * 1000)
+        # Three leases long: the tab renews the item shown and the prefetched one. It
+        # renews every lease/3 and never sooner, so ten renewals of each item are at least
+        # three leases after it was first leased (Playwright delivers the request events
+        # only inside its own calls: the pause between checks is the page's).
+        wait_until_sync(
+            lambda: min(renewed.count("qa:solo"), renewed.count("qa:next")) >= 10,
+            timeout_s=120,
+            what="ten lease renewals of each item (three leases long)",
+            interval_s=0.2,
+            sleep=lambda s: page.wait_for_timeout(s * 1000),
+            detail=lambda: f"renewals: {renewed}",
+        )
         assert http_get(f"{base}/api/reviews/next?session=probe")[0] == 204
         assert set(renewed) == {"qa:solo", "qa:next"}, renewed
 

@@ -4,7 +4,6 @@ scrapes ``relmon demo`` with the project's rule files loaded."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import re
@@ -18,7 +17,8 @@ import aiohttp
 import pytest
 import yaml
 
-from tests.e2e.test_run_drain import TOKEN, free_port
+from tests.e2e.test_run_drain import TOKEN, free_port, wait_ready
+from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "relmon.json"
@@ -125,21 +125,6 @@ def test_every_query_parses_with_promtool(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------- live
 
 
-async def _wait_http(url: str, proc: subprocess.Popen[bytes], deadline_s: float) -> None:
-    end = time.monotonic() + deadline_s
-    async with aiohttp.ClientSession() as session:
-        while time.monotonic() < end:
-            assert proc.poll() is None, f"{proc.args} exited early"
-            try:
-                async with session.get(url) as resp:
-                    if resp.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.2)
-    raise AssertionError(f"{url} not ready")
-
-
 def _stop(proc: subprocess.Popen[bytes]) -> None:
     if proc.poll() is None:
         proc.terminate()
@@ -190,8 +175,8 @@ async def test_every_panel_query_returns_data_from_a_live_demo(tmp_path: Path) -
         demo = subprocess.Popen(demo_cmd, stdout=log, stderr=subprocess.STDOUT, env=env)  # noqa: ASYNC220
         prom = subprocess.Popen(prom_cmd, stdout=prom_log, stderr=subprocess.STDOUT)  # noqa: ASYNC220
         try:
-            await _wait_http(f"http://127.0.0.1:{ports['metrics']}/readyz", demo, 60)
-            await _wait_http(f"{base}/-/ready", prom, 60)
+            await wait_ready(f"http://127.0.0.1:{ports['metrics']}/readyz", demo, 60)
+            await wait_ready(f"{base}/-/ready", prom, 60)
             counts = await _query_until_all_panels_have_data(base, deadline_s=300)
             # The variables' label_values() queries find the demo's model and task.
             async with (
@@ -223,6 +208,7 @@ async def _query_until_all_panels_have_data(base: str, deadline_s: float) -> dic
     """
     end = time.monotonic() + deadline_s
     report: dict[str, str] = {}
+    missing: list[str] = []
     async with aiohttp.ClientSession() as session:
 
         async def query(expr: str) -> list[dict[str, Any]]:
@@ -232,14 +218,17 @@ async def _query_until_all_panels_have_data(base: str, deadline_s: float) -> dic
             result: list[dict[str, Any]] = body["data"]["result"]
             return result
 
-        flowing = "sum(relmon_top_answers_total) > 0 and sum(slo:sli_error:ratio_rate5m >= 0) >= 0"
-        while not await query(flowing):
-            assert time.monotonic() < end, "no verdicts reached Prometheus"
-            await asyncio.sleep(1)
-        while True:
+        async def verdicts_flow() -> bool:
+            flowing = (
+                "sum(relmon_top_answers_total) > 0 and sum(slo:sli_error:ratio_rate5m >= 0) >= 0"
+            )
+            return bool(await query(flowing))
+
+        async def every_panel_has_data() -> bool:
             checks = await query("sum(relmon_coverage_checks_total)")
             no_checks = float(checks[0]["value"][1]) == 0
-            report, missing = {}, []
+            report.clear()
+            missing.clear()
             for title, expr in queries():
                 result = await query(concrete(expr))
                 if "relmon_kafka_" in expr:
@@ -250,8 +239,16 @@ async def _query_until_all_panels_have_data(base: str, deadline_s: float) -> dic
                 report[f"{title} :: {expr}"] = f"{len(result)} series, {len(numbers)} with a number"
                 if not result or (not numbers and not (no_checks and "coverage_" in expr)):
                     missing.append(title)
-            if not missing:
-                return report
-            if time.monotonic() > end:
-                raise AssertionError(f"panels without data after {deadline_s}s: {missing}")
-            await asyncio.sleep(2)
+            return not missing
+
+        await wait_until(
+            verdicts_flow, timeout_s=deadline_s, what="verdicts to reach Prometheus", interval_s=1
+        )
+        await wait_until(  # what is left of the same deadline
+            every_panel_has_data,
+            timeout_s=max(0.0, end - time.monotonic()),
+            what="data in every panel",
+            interval_s=2,
+            detail=lambda: f"panels without data: {missing}",
+        )
+    return report

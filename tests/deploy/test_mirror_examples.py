@@ -9,7 +9,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from monitor.app.demo.model import QuestionBank, SimulatedModel
 from tests.e2e.test_run_drain import TOKEN, free_port, wait_ready, write_config
+from tests.waiting import accepts_tcp, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 MIRROR = ROOT / "deploy" / "mirror"
@@ -112,33 +112,34 @@ async def test_nginx_mirrors_live_traffic_into_relmon(tmp_path: Path) -> None:
     web = subprocess.Popen(nginx(main), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # noqa: ASYNC220
     try:
         await wait_ready(f"http://127.0.0.1:{ports['metrics']}/readyz", relmon)
+        await wait_until(  # nginx may still be starting
+            accepts_tcp(nginx_port), what="nginx to listen", interval_s=0.1, alive=web
+        )
         n = 5
         async with aiohttp.ClientSession() as session:
             for question, _ in bank.questions[:n]:
                 body = {"model": "sim-arith-1", "messages": [{"role": "user", "content": question}]}
-                for _ in range(100):  # nginx may still be starting
-                    try:
-                        async with session.post(
-                            f"http://127.0.0.1:{nginx_port}/v1/chat/completions",
-                            json=body,
-                            headers={"Authorization": "Bearer app-key"},
-                        ) as resp:
-                            assert resp.status == 200  # the model's answer, not relmon's 202
-                            answer = await resp.json()
-                            break
-                    except aiohttp.ClientConnectionError:
-                        assert web.poll() is None, "nginx exited"
-                        await asyncio.sleep(0.1)
+                async with session.post(
+                    f"http://127.0.0.1:{nginx_port}/v1/chat/completions",
+                    json=body,
+                    headers={"Authorization": "Bearer app-key"},
+                ) as resp:
+                    assert resp.status == 200  # the model's answer, not relmon's 202
+                    answer = await resp.json()
                 assert answer["choices"][0]["message"]["content"]
-            deadline = time.monotonic() + 60
             labels = {"source": "mirror", "decision": "sampled"}
-            while True:
+
+            async def all_mirrored() -> bool:
                 async with session.get(f"http://127.0.0.1:{ports['metrics']}/metrics") as resp:
                     text = await resp.text()
-                if _sample_value(text, "relmon_traffic_events_total", labels) == n:
-                    break
-                assert time.monotonic() < deadline, "mirrored requests did not reach relmon"
-                await asyncio.sleep(0.5)
+                return _sample_value(text, "relmon_traffic_events_total", labels) == n
+
+            await wait_until(
+                all_mirrored,
+                timeout_s=60,
+                what=f"the {n} mirrored requests counted by relmon",
+                interval_s=0.5,
+            )
     finally:
         web.terminate()
         relmon.terminate()

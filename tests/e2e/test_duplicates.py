@@ -4,7 +4,6 @@ wiring: mirror, SQLite review store, a simulated model over HTTP)."""
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import aiohttp
@@ -14,6 +13,7 @@ from monitor.app.demo.model import QuestionBank, SimulatedModel
 from monitor.app.runner import Running, start_service
 from monitor.config import load_settings
 from tests.e2e.test_run_drain import free_port
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -56,15 +56,14 @@ state_dir: "{tmp_path / "state"}"
             assert resp.status == 202
 
     async def settle(running: Running, events: int) -> None:
-        for _ in range(600):
+        def handled() -> bool:
             counted = sum(
                 value(running, "relmon_traffic_events_total", source="mirror", decision=d)
                 for d in ("sampled", "skipped", "duplicate", "dropped", "rejected")
             )
-            if counted == events and running.service.in_flight == 0:
-                return
-            await asyncio.sleep(0.05)
-        raise AssertionError("the events were not all handled")
+            return counted == events and running.service.in_flight == 0
+
+        await wait_until(handled, timeout_s=30, what=f"the {events} events all handled")
 
     try:
         running = await start_service(load_settings(config))

@@ -10,7 +10,6 @@ import math
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import aiohttp
@@ -19,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from monitor.app.demo.model import QuestionBank, SimulatedModel, truth_of
 from tests.ports import free_port
+from tests.waiting import answers_http, wait_until
 
 TOKEN = "e2e-test-token-123456"
 
@@ -47,18 +47,14 @@ log_format: json
 
 
 async def wait_ready(url: str, proc: subprocess.Popen[bytes], deadline_s: float = 120) -> None:
-    deadline = time.monotonic() + deadline_s
-    async with aiohttp.ClientSession() as session:
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, "relmon exited early"
-            try:
-                async with session.get(url) as resp:
-                    if resp.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.1)
-    raise AssertionError("relmon did not become ready")
+    """``url`` answers 200 while ``proc`` keeps running."""
+    await wait_until(
+        answers_http(url),
+        timeout_s=deadline_s,
+        what=f"{url} to answer 200",
+        interval_s=0.1,
+        alive=proc,
+    )
 
 
 def parse_metrics(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -118,31 +114,40 @@ async def test_drain_mode_end_to_end(tmp_path: Path) -> None:
                     headers={"X-Relmon-Task": "arithmetic", "X-Request-Id": f"q{i}"},
                 ) as resp:
                     assert resp.status == 202
+
             # Review every item as it appears, from the ground truth (the items are
             # scored meanwhile: a loaded machine may take a minute or more for all 40).
-            reviewed, deadline = 0, time.monotonic() + 180
-            while reviewed < 40 and time.monotonic() < deadline:
-                async with session.get(
-                    f"http://127.0.0.1:{ports['review']}/api/reviews/next", headers=headers
-                ) as resp:
-                    if resp.status == 204:
-                        await asyncio.sleep(0.1)
-                        continue
-                    assert resp.status == 200
-                    item = await resp.json()
-                truth = str(truth_of(item["query"]))
-                ranks = [c["rank"] for c in item["candidates"] if c["answer"] == truth]
-                verdict = {"accepted_ranks": ranks} if ranks else {"none_of_these": True}
-                scores.append(float(min(ranks)) if ranks else math.inf)
-                async with session.post(
-                    f"http://127.0.0.1:{ports['review']}/api/reviews/{item['item_id']}",
-                    json=verdict,
-                    headers=headers,
-                ) as resp:
-                    assert resp.status == 200, await resp.text()
-                    assert (await resp.json())["status"] == "applied"
-                reviewed += 1
-        assert reviewed == 40
+            async def review_those_waiting() -> bool:
+                """Review the items waiting now; all 40 reviewed?"""
+                while len(scores) < 40:
+                    async with session.get(
+                        f"http://127.0.0.1:{ports['review']}/api/reviews/next", headers=headers
+                    ) as resp:
+                        if resp.status == 204:
+                            return False
+                        assert resp.status == 200
+                        item = await resp.json()
+                    truth = str(truth_of(item["query"]))
+                    ranks = [c["rank"] for c in item["candidates"] if c["answer"] == truth]
+                    verdict = {"accepted_ranks": ranks} if ranks else {"none_of_these": True}
+                    async with session.post(
+                        f"http://127.0.0.1:{ports['review']}/api/reviews/{item['item_id']}",
+                        json=verdict,
+                        headers=headers,
+                    ) as resp:
+                        assert resp.status == 200, await resp.text()
+                        assert (await resp.json())["status"] == "applied"
+                    scores.append(float(min(ranks)) if ranks else math.inf)
+                return True
+
+            await wait_until(
+                review_those_waiting,
+                timeout_s=180,
+                what="40 items to review",
+                interval_s=0.1,
+                detail=lambda: f"{len(scores)} reviewed",
+            )
+        assert len(scores) == 40
         assert await asyncio.to_thread(proc.wait, 60) == 0
     finally:
         if proc.poll() is None:

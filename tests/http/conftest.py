@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,15 +48,6 @@ def sse_chunks() -> list[bytes]:
     return chunks
 
 
-async def wait_until(predicate: Callable[[], bool], timeout_s: float = 30.0) -> None:
-    """Poll ``predicate`` (work the servers do after answering) until true or fail."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.01)
-
-
 @dataclass
 class Upstream:
     """The test upstream's state: what it received and the SSE stream's progress."""
@@ -86,7 +76,7 @@ def _upstream_app(state: Upstream) -> web.Application:
             state.sent_chunks = 1
             await asyncio.wait_for(state.release.wait(), timeout=60)
             for chunk in chunks[1:]:
-                await asyncio.sleep(0.02)
+                await asyncio.sleep(0.02)  # fake upstream: the stream's pace, chunk by chunk
                 await resp.write(chunk)
                 state.sent_chunks += 1
             await resp.write_eof()
@@ -131,11 +121,11 @@ def _upstream_app(state: Upstream) -> web.Application:
         resp.content_length = 100
         await resp.prepare(request)
         await resp.write(b'{"choices": ')
-        await asyncio.sleep(60)  # far past the proxy's timeout, however slow the machine
+        await asyncio.sleep(60)  # fake stall: far past the proxy's timeout, however slow
         return resp
 
     async def slow(request: web.Request) -> web.StreamResponse:
-        await asyncio.sleep(60)
+        await asyncio.sleep(60)  # fake slow upstream: answers long after the proxy's timeout
         return web.Response(text="late")
 
     app = web.Application(client_max_size=8 * 1024 * 1024)

@@ -32,6 +32,7 @@ from adapters.http.traffic import (
 from monitor.core.errors import ConfigError
 from monitor.core.events import TrafficEvent
 from monitor.engine.ports import Admission
+from tests.waiting import wait_until
 
 from .conftest import (
     BIG_ANSWER,
@@ -42,7 +43,6 @@ from .conftest import (
     StartTraffic,
     Upstream,
     sse_chunks,
-    wait_until,
 )
 
 CHAT = {"model": "m1", "messages": [{"role": "user", "content": "What is 6*7?"}]}
@@ -84,7 +84,7 @@ async def test_mirror_answers_before_the_sink_is_called(start_traffic: StartTraf
 
     status, body = await asyncio.to_thread(post)
     assert (status, json.loads(body)) == (202, {"status": "accepted"})
-    await wait_until(lambda: len(seen) == 1)
+    await wait_until(lambda: len(seen) == 1, what="the event at the sink")
     event, answered_first = seen[0]
     assert answered_first, "the mirror waited for the sink before answering"
     assert event.id == "req-1" and event.model == "m1" and event.response_text is None
@@ -102,7 +102,7 @@ async def test_mirror_event_fields_request_id_and_task(
         assert r.status == 202
     async with client.post(f"{base}/openai/v1/chat/completions", json=CHAT) as r:
         assert r.status == 202
-    await wait_until(lambda: len(recorder.events) == 2)
+    await wait_until(lambda: len(recorder.events) == 2, what="2 events at the sink")
     (first, source1), (second, source2) = recorder.events
     assert (source1, source2) == ("mirror", "mirror")
     assert (first.id, first.task, first.model) == ("abc-123", "triage", "m1")
@@ -121,7 +121,7 @@ async def test_mirror_takes_a_logged_response_from_the_body(
     url = f"http://127.0.0.1:{server.bound_port}/v1/chat/completions"
     async with client.post(url, json=body) as r:
         assert r.status == 202
-    await wait_until(lambda: len(recorder.events) == 1)
+    await wait_until(lambda: len(recorder.events) == 1, what="the event at the sink")
     event = recorder.events[0][0]
     assert event.response_text == "42"
     assert "response" not in event.request
@@ -145,7 +145,7 @@ async def test_mirror_counts_malformed_bodies_and_still_answers_202(
     url = f"http://127.0.0.1:{server.bound_port}/v1/chat/completions"
     async with client.post(url, data=body, headers={"Content-Type": "application/json"}) as r:
         assert r.status == 202  # the mirror must never feed an error back to the live path
-    await wait_until(lambda: len(recorder.rejects) == 1)
+    await wait_until(lambda: len(recorder.rejects) == 1, what="the rejection to be counted")
     source, reason = recorder.rejects[0]
     assert source == "mirror" and reason_part in reason
     assert "6*7" not in reason  # no prompt text in reasons
@@ -171,7 +171,7 @@ async def test_mirror_refuses_oversize_bodies_with_413(
     assert recorder.rejects == [("mirror", "oversize"), ("mirror", "oversize")]
     async with client.post(url, json=CHAT) as r:  # a body under the limit still works
         assert r.status == 202
-    await wait_until(lambda: len(recorder.events) == 1)
+    await wait_until(lambda: len(recorder.events) == 1, what="the event at the sink")
 
 
 async def test_mirror_only_takes_chat_completions(
@@ -187,6 +187,7 @@ async def test_mirror_only_takes_chat_completions(
     assert recorder.events == [] and recorder.rejects == []
 
 
+@pytest.mark.integration  # reads the listen queue with iproute2's ss
 async def test_the_traffic_port_queues_a_burst_of_connections(start_traffic: StartTraffic) -> None:
     """A mirror opens a connection per copy when its pool is busy: the listen queue holds
     LISTEN_BACKLOG of them (aiohttp's default 128 dropped SYNs after a stall).
@@ -255,7 +256,7 @@ async def test_proxy_passes_json_through_unchanged_and_samples_after(
     assert "X-Hop" not in seen
     assert seen["Host"] == upstream.url.removeprefix("http://")
     assert json.loads(upstream.requests[0]["body"]) == CHAT
-    await wait_until(lambda: len(recorder.events) == 1)
+    await wait_until(lambda: len(recorder.events) == 1, what="the event at the sink")
     event, source = recorder.events[0]
     assert source == "proxy"
     assert (event.id, event.task, event.response_text) == ("px-1", "qa", "The answer is 42.")
@@ -325,7 +326,7 @@ async def test_proxy_streams_sse_as_it_arrives(
         async for chunk in r.content.iter_any():
             received += chunk
     assert bytes(received) == b"".join(sse_chunks())
-    await wait_until(lambda: len(recorder.events) == 1)
+    await wait_until(lambda: len(recorder.events) == 1, what="the event at the sink")
     event = recorder.events[0][0]
     assert event.response_text == "".join(SSE_DELTAS)
     assert event.request["stream"] is True
@@ -341,7 +342,7 @@ async def test_proxy_streams_large_bodies_and_still_samples_them(
     async with client.post(url, json=CHAT) as r:
         assert r.headers["Content-Length"] == str(len(BIG_COMPLETION_BYTES))
         assert await r.read() == BIG_COMPLETION_BYTES
-    await wait_until(lambda: len(recorder.events) == 1)
+    await wait_until(lambda: len(recorder.events) == 1, what="the event at the sink")
     assert recorder.events[0][0].response_text == BIG_ANSWER
 
 
@@ -355,7 +356,7 @@ async def test_proxy_relays_compressed_bodies_untouched(
         assert r.headers["Content-Encoding"] == "gzip"
         body = await r.read()
     assert gzip.decompress(body) == COMPLETION_BYTES
-    await wait_until(lambda: len(recorder.events) == 1)
+    await wait_until(lambda: len(recorder.events) == 1, what="the event at the sink")
     assert recorder.events[0][0].response_text == "The answer is 42."
 
 
@@ -368,8 +369,21 @@ async def test_proxy_passes_upstream_errors_and_does_not_sample_them(
     async with client.post(url, json=CHAT) as r:
         assert r.status == 400
         assert await r.json() == {"error": {"message": "no such model"}}
-    await asyncio.sleep(0.05)
-    assert recorder.events == [] and recorder.rejects == []
+    await _sampled_marker(client, server, recorder)
+    assert recorder.rejects == []  # the error was neither sampled nor counted
+
+
+async def _sampled_marker(
+    client: aiohttp.ClientSession, server: TrafficServer, recorder: Recorder
+) -> None:
+    """A barrier: a good chat request through the same proxy, waited for at the sink.
+    Anything the requests before it were going to offer would have come first: it must
+    be the only event."""
+    url = f"http://127.0.0.1:{server.bound_port}/v1/chat/completions"
+    async with client.post(url, json=CHAT, headers={"X-Request-Id": "marker"}) as r:
+        assert (r.status, await r.read()) == (200, COMPLETION_BYTES)
+    await wait_until(lambda: len(recorder.events) >= 1, what="the marker at the sink")
+    assert [event.id for event, _ in recorder.events] == ["marker"]
 
 
 async def test_proxy_counts_unparseable_chat_requests(
@@ -380,7 +394,7 @@ async def test_proxy_counts_unparseable_chat_requests(
     url = f"http://127.0.0.1:{server.bound_port}/v1/chat/completions"
     async with client.post(url, data=b"{broken") as r:
         assert r.status == 201  # forwarded all the same
-    await wait_until(lambda: len(recorder.rejects) == 1)
+    await wait_until(lambda: len(recorder.rejects) == 1, what="the rejection to be counted")
     assert recorder.rejects == [("proxy", "invalid JSON")]
 
 
@@ -393,7 +407,7 @@ async def test_proxy_survives_a_raising_sink(
     for _ in range(2):
         async with client.post(url, json=CHAT) as r:
             assert (r.status, await r.read()) == (200, COMPLETION_BYTES)
-    await wait_until(lambda: len(recorder.events) == 2)
+    await wait_until(lambda: len(recorder.events) == 2, what="2 events at the sink")
 
 
 async def test_proxy_answers_502_when_upstream_is_down(
@@ -452,8 +466,8 @@ async def test_proxy_closes_the_client_stream_when_upstream_stalls_mid_stream(
         assert r.status == 200
         with pytest.raises(aiohttp.ClientPayloadError):
             await r.read()  # never released: the proxy gives up and cuts the stream
-    await asyncio.sleep(0.05)
-    assert recorder.events == []
+    await _sampled_marker(client, server, recorder)  # the cut stream was not sampled
+    assert recorder.rejects == []
 
 
 def test_proxy_needs_an_upstream_and_binding_errors_are_config_errors() -> None:

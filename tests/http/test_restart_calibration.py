@@ -112,7 +112,7 @@ def as_verdict(item_id: str, choice: int) -> Verdict:
 items = st.lists(
     st.tuples(
         st.floats(0, 20_000),  # sampling time after T0
-        st.sampled_from([1.0, 0.5, 0.25, 0.1]),  # review probability
+        st.sampled_from([1.0, 0.5, 0.25, 0.1]),  # inclusion probability
         st.integers(0, 3),  # verdict: none of these, or the accepted rank
     ),
     min_size=4,

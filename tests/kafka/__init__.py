@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import json
 import os
-import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,13 +15,13 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from tests.ports import free_port
+from tests.waiting import wait_until
 
 __all__ = [
     "FAST_GROUP",
     "arith_events",
     "committed",
     "event_bytes",
-    "eventually",
     "free_port",
     "http_get",
     "new_topic",
@@ -118,8 +116,8 @@ async def produce(
 async def read_all(
     bootstrap: str, topic: str, *, at_least: int = 0, timeout_s: float = 60, **options: Any
 ) -> list[Any]:
-    """Every record of ``topic`` (waiting until there are ``at_least``), by partition.
-    ``options``: more client options (security)."""
+    """Every record of ``topic`` (waiting until there are ``at_least``; fails after
+    ``timeout_s`` with fewer), by partition. ``options``: more client options (security)."""
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap,
         enable_auto_commit=False,
@@ -127,35 +125,44 @@ async def read_all(
         **options,
     )
     await consumer.start()
+    records: list[Any] = []
+
+    async def enough() -> bool:
+        """Read the whole topic again from the start: ``at_least`` records yet?"""
+        records.clear()
+        await consumer.topics()
+        parts = consumer.partitions_for_topic(topic) or set()
+        tps = [TopicPartition(topic, p) for p in sorted(parts)]
+        if tps:
+            # The reported end offset is only a lower bound (Tansu under-reports it
+            # after a multi-record batch): a partition is done when a fetch came back
+            # empty at or past a freshly asked end offset.
+            consumer.assign(tps)
+            for tp in tps:
+                consumer.seek(tp, 0)
+            todo = set(tps)
+            while todo:
+                batch = await consumer.getmany(*todo, timeout_ms=200)
+                for recs in batch.values():
+                    records.extend(recs)
+                idle = [tp for tp in todo if not batch.get(tp)]
+                if not idle:
+                    continue
+                end = await consumer.end_offsets(idle)
+                for tp in idle:
+                    if await consumer.position(tp) >= end[tp]:
+                        todo.discard(tp)
+        return len(records) >= at_least
+
     try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            await consumer.topics()
-            parts = consumer.partitions_for_topic(topic) or set()
-            tps = [TopicPartition(topic, p) for p in sorted(parts)]
-            records: list[Any] = []
-            if tps:
-                # The reported end offset is only a lower bound (Tansu under-reports it
-                # after a multi-record batch): a partition is done when a fetch came back
-                # empty at or past a freshly asked end offset.
-                consumer.assign(tps)
-                for tp in tps:
-                    consumer.seek(tp, 0)
-                todo = set(tps)
-                while todo:
-                    batch = await consumer.getmany(*todo, timeout_ms=200)
-                    for recs in batch.values():
-                        records.extend(recs)
-                    idle = [tp for tp in todo if not batch.get(tp)]
-                    if not idle:
-                        continue
-                    end = await consumer.end_offsets(idle)
-                    for tp in idle:
-                        if await consumer.position(tp) >= end[tp]:
-                            todo.discard(tp)
-            if len(records) >= at_least or time.monotonic() > deadline:
-                return sorted(records, key=lambda r: (r.partition, r.offset))
-            await asyncio.sleep(0.05)
+        await wait_until(
+            enough,
+            timeout_s=timeout_s,
+            what=f"{at_least} records on {topic}",
+            interval_s=0.05,
+            detail=lambda: f"{len(records)} records read",
+        )
+        return sorted(records, key=lambda r: (r.partition, r.offset))
     finally:
         await consumer.stop()
 
@@ -170,22 +177,6 @@ async def committed(bootstrap: str, group: str, tps: Sequence[TopicPartition]) -
         return [await consumer.committed(tp) for tp in tps]
     finally:
         await consumer.stop()
-
-
-async def eventually(
-    check: Callable[[], Awaitable[bool]] | Callable[[], bool], timeout_s: float = 60.0
-) -> None:
-    """Wait until ``check()`` is true; fail the test after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = check()
-        if not isinstance(result, bool):
-            result = await result
-        if result:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout_s} s")
-        await asyncio.sleep(0.02)
 
 
 async def relmon_topics(

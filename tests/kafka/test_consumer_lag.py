@@ -11,7 +11,8 @@ from adapters.kafka.source import KafkaEventSource
 from monitor.core.events import TrafficEvent
 from monitor.engine.metrics import Metrics
 from monitor.engine.ports import Admission
-from tests.kafka import FAST_GROUP, event_bytes, eventually, new_topic, produce, unique
+from tests.kafka import FAST_GROUP, event_bytes, new_topic, produce, unique
+from tests.waiting import wait_until
 
 
 def lag_series(registry: CollectorRegistry) -> dict[tuple[str, str], float]:
@@ -55,20 +56,28 @@ async def test_lag_counts_records_not_done_and_goes_at_stop(kafka_bootstrap: str
     await source.start()
     task = asyncio.create_task(source.run())
     try:
-        await eventually(
-            lambda: lag_series(registry) == {(topic, "0"): 9.0, (topic, "1"): 3.0}, timeout_s=30
+        await wait_until(
+            lambda: lag_series(registry) == {(topic, "0"): 9.0, (topic, "1"): 3.0},
+            timeout_s=30,
+            what="lag 9 and 3 on the two partitions",
         )
         assert seen == []
         open_.set()
-        await eventually(lambda: len(seen) == 12, timeout_s=30)
-        await eventually(
-            lambda: lag_series(registry) == {(topic, "0"): 0.0, (topic, "1"): 0.0}, timeout_s=30
+        await wait_until(lambda: len(seen) == 12, timeout_s=30, what="12 events at the sink")
+        await wait_until(
+            lambda: lag_series(registry) == {(topic, "0"): 0.0, (topic, "1"): 0.0},
+            timeout_s=30,
+            what="lag 0 on both partitions",
         )
         assert source.lag.lag == {TopicPartition(topic, 0): 0, TopicPartition(topic, 1): 0}
         # New records show up as lag only until they are taken.
         await produce(kafka_bootstrap, topic, [event_bytes("late")], partition=1)
-        await eventually(lambda: "late" in seen, timeout_s=30)
-        await eventually(lambda: lag_series(registry)[(topic, "1")] == 0.0, timeout_s=30)
+        await wait_until(lambda: "late" in seen, timeout_s=30, what="the late event at the sink")
+        await wait_until(
+            lambda: lag_series(registry)[(topic, "1")] == 0.0,
+            timeout_s=30,
+            what="lag 0 on partition 1 again",
+        )
     finally:
         await source.stop()
         await asyncio.wait_for(task, 30)

@@ -17,16 +17,17 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from monitor.app.demo.model import QuestionBank, SimulatedModel
-from tests.deploy.test_dashboard import _stop, _wait_http, concrete, queries
+from tests.deploy.test_dashboard import _stop, concrete, queries
+from tests.e2e.test_run_drain import wait_ready
 from tests.kafka import (
     arith_events,
-    eventually,
     free_port,
     produce,
     relmon_config,
     relmon_topics,
     unique,
 )
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -110,8 +111,8 @@ async def test_the_kafka_panels_show_the_lag_relmon_reports(
             stderr=subprocess.STDOUT,
         )
         try:
-            await _wait_http(f"http://127.0.0.1:{metrics_port}/readyz", relmon, 90)
-            await _wait_http(f"{base}/-/ready", prom, 60)
+            await wait_ready(f"http://127.0.0.1:{metrics_port}/readyz", relmon, 90)
+            await wait_ready(f"{base}/-/ready", prom, 60)
             async with aiohttp.ClientSession() as session:
 
                 async def query(expr: str) -> dict[str, float]:
@@ -127,7 +128,11 @@ async def test_the_kafka_panels_show_the_lag_relmon_reports(
                     lag = await own_lag(session, metrics_port)
                     return lag.get(topics["traffic"], 0.0) > 0
 
-                await eventually(held, timeout_s=90)
+                await wait_until(
+                    held,
+                    timeout_s=90,
+                    what="a lag on the traffic topic (events held for the budget)",
+                )
                 for title, expr in kafka_queries():
                     seen: dict[str, float] = {}
                     mine: dict[str, float] = {}
@@ -141,7 +146,11 @@ async def test_the_kafka_panels_show_the_lag_relmon_reports(
                         return bool(seen) and seen == mine
 
                     try:
-                        await eventually(panel_matches, timeout_s=60)
+                        await wait_until(
+                            panel_matches,
+                            timeout_s=60,
+                            what=f"the panel {title!r} to agree with /metrics",
+                        )
                     except AssertionError:
                         raise AssertionError((title, seen, mine)) from None
                     assert set(seen) >= {topics["traffic"], topics["review"], topics["verdict"]}

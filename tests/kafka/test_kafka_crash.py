@@ -25,7 +25,6 @@ from monitor.app.demo.model import QuestionBank, SimulatedModel
 from tests.kafka import (
     arith_events,
     committed,
-    eventually,
     free_port,
     produce,
     read_all,
@@ -34,6 +33,7 @@ from tests.kafka import (
     unique,
 )
 from tests.kafka.test_run_kafka import metrics_of
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(600)  # ~33 s unloaded: room for a machine 10x slower
 
@@ -164,14 +164,18 @@ async def test_items_delivered_again_after_kill_9_are_not_asked_again(
         async def all_but_one_reviewed() -> bool:
             return value(await scrape(port), "relmon_review_queue_depth") == N - 1
 
-        await eventually(all_but_one_reviewed, 120)
+        await wait_until(
+            all_but_one_reviewed, timeout_s=120, what=f"{N - 1} items waiting for review"
+        )
         assert len(await review_items()) == N - 1
         await give_verdicts()
 
         async def reviewed() -> bool:
             return value(await scrape(port), "relmon_calibration_items") == REVIEWED
 
-        await eventually(reviewed, 60)
+        await wait_until(
+            reviewed, timeout_s=60, what=f"{REVIEWED} verdicts in the calibration window"
+        )
         assert value(await scrape(port), "relmon_review_queue_depth") == N - 1 - REVIEWED
         tp = TopicPartition(topics["traffic"], 0)
         assert await committed(kafka_bootstrap, group, [tp]) in ([None], [0])
@@ -197,7 +201,9 @@ async def test_items_delivered_again_after_kill_9_are_not_asked_again(
             )
 
         try:
-            await eventually(redelivered, 120)
+            await wait_until(
+                redelivered, timeout_s=120, what="the unfinished events redelivered after the kill"
+            )
         except AssertionError:
             state = {k: v for k, v in (await scrape(port)).items() if "traffic" in k[0]}
             raise AssertionError(f"{state}\n{log.read_text()[-4000:]}") from None

@@ -22,13 +22,13 @@ from monitor.config import load_settings
 from monitor.core.canon import get_canonicalizer
 from tests.kafka import (
     arith_events,
-    eventually,
     produce,
     read_all,
     relmon_config,
     relmon_topics,
     unique,
 )
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(600)  # ~33 s unloaded: room for a machine 10x slower
 
@@ -142,7 +142,11 @@ async def test_verdicts_before_during_and_after_a_restart(
     try:
         async with Tail(kafka_bootstrap, topics["review"]) as reviews:
             async with service(config) as first:
-                await eventually(lambda: len(reviews.records) >= N, 120)
+                await wait_until(
+                    lambda: len(reviews.records) >= N,
+                    timeout_s=120,
+                    what=f"{N} review items on the review topic",
+                )
                 assert len(reviews.records) == N
                 for record in reviews.records:
                     item = json.loads(record.value)
@@ -156,7 +160,11 @@ async def test_verdicts_before_during_and_after_a_restart(
                 assert metric(first, "relmon_review_queue_depth") == N
                 # Before the restart: 15 verdicts.
                 await give(ids[:15])
-                await eventually(lambda: metric(first, "relmon_calibration_items") == 15, 60)
+                await wait_until(
+                    lambda: metric(first, "relmon_calibration_items") == 15,
+                    timeout_s=60,
+                    what="15 verdicts in the window before the restart",
+                )
                 first.service.publish()
                 assert metric(first, "relmon_review_queue_depth") == N - 15
 
@@ -176,12 +184,20 @@ async def test_verdicts_before_during_and_after_a_restart(
             await give(ids[25:30])
             second = await starting
             try:
-                await eventually(lambda: metric(second, "relmon_calibration_items") == 30, 60)
+                await wait_until(
+                    lambda: metric(second, "relmon_calibration_items") == 30,
+                    timeout_s=60,
+                    what="30 verdicts in the window after the restart",
+                )
                 second.service.publish()
                 assert metric(second, "relmon_review_queue_depth") == N - 30
                 duplicate = json.dumps({"item_id": ids[3], "none_of_these": True}).encode()
                 await give(ids[30:], (ids[3].encode(), duplicate))
-                await eventually(lambda: metric(second, "relmon_calibration_items") == N, 60)
+                await wait_until(
+                    lambda: metric(second, "relmon_calibration_items") == N,
+                    timeout_s=60,
+                    what=f"all {N} verdicts in the window",
+                )
                 unknown = {"model": "", "task": ""}
 
                 def refused() -> bool:
@@ -191,7 +207,11 @@ async def test_verdicts_before_during_and_after_a_restart(
                         and get("relmon_reviews_total", {**unknown, "verdict": "invalid"}) == 1
                     )
 
-                await eventually(refused, 30)
+                await wait_until(
+                    refused,
+                    timeout_s=30,
+                    what="the ghost verdict counted as unknown and the junk one as invalid",
+                )
                 assert exported(second) == pytest.approx(independent(list(scores.values())))
                 assert metric(second, "relmon_reviews_total", verdict="duplicate") == 1
                 assert metric(second, "relmon_review_queue_depth") == 0
@@ -213,15 +233,21 @@ async def test_verdicts_before_during_and_after_a_restart(
                 assert exported(third) == pytest.approx(independent(list(scores.values())))
                 assert metric(third, "relmon_review_queue_depth") == 0
                 figures["third start"] = exported(third)
-                await asyncio.sleep(3.5)  # longer than verdict_wait_s
+                # A barrier: a verdict for an item that never comes, refused as unknown
+                # once verdict_wait_s has passed. The ghost, had it been waiting again
+                # since the start, would have been refused (and dead-lettered) first.
+                await give([], (b"marker", b'{"item_id": "marker", "accepted_ranks": [1]}'))
                 get = third.registry.get_sample_value
-                assert (
-                    get("relmon_reviews_total", {"model": "", "task": "", "verdict": "unknown"})
-                    == 0
+                unknown = {"model": "", "task": "", "verdict": "unknown"}
+                await wait_until(
+                    lambda: (get("relmon_reviews_total", unknown) or 0) >= 1,
+                    timeout_s=60,
+                    what="the marker verdict refused as unknown",
                 )
+                assert get("relmon_reviews_total", unknown) == 1  # the marker only
             assert len(reviews.records) == N  # no item was published twice
-        dead = await read_all(kafka_bootstrap, topics["verdict-dlq"], at_least=2)
-        assert sorted(r.key for r in dead) == [b"ghost", b"junk"]
+        dead = await read_all(kafka_bootstrap, topics["verdict-dlq"], at_least=3)
+        assert sorted(r.key for r in dead) == [b"ghost", b"junk", b"marker"]
         assert {dict(r.headers)["relmon-stream"] for r in dead} == {b"verdicts"}
         figures |= {"independent": independent(list(scores.values())), "dead letters": 2}
         print(json.dumps(figures, default=str))  # the restart's figures (pytest -s)

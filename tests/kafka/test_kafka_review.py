@@ -18,7 +18,8 @@ from adapters.kafka.verdicts import KafkaVerdictConsumer
 from monitor.core.errors import ConfigError
 from monitor.core.review import ReviewItem, Verdict, verdict_score
 from monitor.engine.ports import CalibrationRecord, VerdictOutcome
-from tests.kafka import eventually, new_topic, produce, read_all, unique
+from tests.kafka import new_topic, produce, read_all, unique
+from tests.waiting import wait_until
 
 
 def item(n: int, *, task: str = "triage") -> ReviewItem:
@@ -148,14 +149,20 @@ async def test_verdict_consumer_waits_for_items_and_dead_letters_the_rest_once(
         store, handler, handler.reject, wait_s=3.0, review_queue=queue, on_item=handler.on_item
     )
     async with following(consumer):
-        await eventually(lambda: len(handler.seen) == 3 and consumer.waiting == 2, 30)
+        await wait_until(
+            lambda: len(handler.seen) == 3 and consumer.waiting == 2,
+            timeout_s=30,
+            what="3 verdicts handed over and 2 waiting for their items",
+        )
         assert consumer.connected
         # Another replica publishes the late item: the waiting verdict goes through.
         late = dataclasses.replace(item(0), item_id="late")
         await producer.send_and_wait(reviews, json.dumps(late.to_json()).encode(), key=b"late")
-        await eventually(lambda: len(handler.seen) == 4, 30)
+        await wait_until(
+            lambda: len(handler.seen) == 4, timeout_s=30, what="the late verdict handed over"
+        )
         assert handler.items == ["late"]
-        await eventually(lambda: consumer.dead_letters == 3, 30)
+        await wait_until(lambda: consumer.dead_letters == 3, timeout_s=30, what="3 dead letters")
 
     assert [(v.item_id, v.accepted_ranks, v.none_of_these) for v in handler.seen] == [
         ("a", (1,), False),
@@ -187,11 +194,21 @@ async def test_verdict_consumer_waits_for_items_and_dead_letters_the_rest_once(
     consumer = KafkaVerdictConsumer(again, second, second.reject, wait_s=0.5)
     async with following(consumer):
         await produce(kafka_bootstrap, topic, [verdict("c", 3)], partition=1)
-        await eventually(lambda: len(second.seen) == 1, 30)
-        await asyncio.sleep(1.0)  # longer than wait_s: nothing else may happen
+        await wait_until(
+            lambda: len(second.seen) == 1, timeout_s=30, what="the verdict for c handed over"
+        )
+        # A barrier: a verdict for an item that never comes, behind the replayed ones in
+        # their partition; it is dead-lettered once wait_s has passed. Anything replayed
+        # again (handed over, or waiting and then dead-lettered) would have come first.
+        await produce(kafka_bootstrap, topic, [verdict("marker", 1)], partition=0)
+        await wait_until(
+            lambda: consumer.dead_letters >= 1, timeout_s=30, what="the marker dead-lettered"
+        )
     assert [v.item_id for v in second.seen] == ["c"]
-    assert second.rejects == [] and consumer.dead_letters == 0
-    assert len(await read_all(kafka_bootstrap, dlq)) == 3
+    assert second.rejects == [("unknown", "no review item 'marker' within 0.5 s")]
+    assert consumer.dead_letters == 1  # the marker, nothing of the replay
+    dead = await read_all(kafka_bootstrap, dlq, at_least=4)
+    assert [r.value for r in dead] == [values[1], values[3], values[5], verdict("marker", 1)]
 
 
 async def test_verdicts_replayed_before_their_item_wait_for_it_after_the_start(
@@ -210,9 +227,15 @@ async def test_verdicts_replayed_before_their_item_wait_for_it_after_the_start(
     handler = Handler(store)
     consumer = KafkaVerdictConsumer(store, handler, handler.reject, wait_s=60.0)
     async with following(consumer):
-        await eventually(lambda: consumer.dead_letters == 1 and consumer.waiting == 1, 30)
+        await wait_until(
+            lambda: consumer.dead_letters == 1 and consumer.waiting == 1,
+            timeout_s=30,
+            what="the malformed verdict dead-lettered and the other one waiting",
+        )
         await KafkaReviewQueue(producer, reviews).submit(item(7))
-        await eventually(lambda: len(handler.seen) == 1, 30)
+        await wait_until(
+            lambda: len(handler.seen) == 1, timeout_s=30, what="the verdict for item-7 handed over"
+        )
     assert handler.seen[0].item_id == "item-7"
     assert handler.rejects == [("invalid", "verdict must be a JSON object")]
 

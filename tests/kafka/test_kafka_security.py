@@ -24,18 +24,15 @@ import json
 import math
 import os
 import secrets
-import socket
 import ssl
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import structlog
-from aiokafka.errors import KafkaError
 from aiokafka.helpers import create_ssl_context
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -61,6 +58,7 @@ from tests.kafka.conftest import (
     stop_broker,
 )
 from tests.kafka.tls import Pki, TlsRelay, make_pki
+from tests.waiting import WaitError, accepts_tcp, wait_until
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -79,17 +77,14 @@ def tls_options(pki: Pki) -> dict[str, Any]:
 
 
 async def _wait_listening(port: int, proc: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"tansu exited with {proc.returncode} during start")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=2):
-                return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.1)
+    """The broker accepts connections (with SASL on, no metadata without a login)."""
+    await wait_until(
+        accepts_tcp(port),
+        timeout_s=STARTUP_TIMEOUT_S,
+        what=f"the broker to listen on {port}",
+        interval_s=0.1,
+        alive=proc,
+    )
 
 
 async def _broker_behind_tls(
@@ -112,7 +107,7 @@ async def _broker_behind_tls(
             else:
                 await _wait_ready(bootstrap, proc, **tls_options(pki))
             return bootstrap, proc, relay
-        except (RuntimeError, KafkaError, OSError):
+        except (WaitError, OSError):
             relay.stop()
             await asyncio.to_thread(stop_broker, proc)
             if attempt == ATTEMPTS - 1:
@@ -292,7 +287,7 @@ async def test_sasl_login_refused_at_start_exits_clearly_without_the_password(
             try:
                 await _wait_listening(port, proc)
                 break
-            except (RuntimeError, OSError):
+            except WaitError:
                 await asyncio.to_thread(stop_broker, proc)
                 if attempt == ATTEMPTS - 1:
                     raise
@@ -385,10 +380,10 @@ async def test_a_source_that_cannot_reconnect_logs_why(
     once the certificate is right again the source reconnects and takes events."""
     from adapters.kafka.clients import client_options, connection_problem
     from adapters.kafka.source import KafkaEventSource
-    from monitor.app.runner import supervise
+    from monitor.app.supervision import supervise
     from monitor.config import KafkaSettings, KafkaTlsSettings
     from monitor.engine.ports import Admission
-    from tests.kafka import event_bytes, eventually, new_topic
+    from tests.kafka import event_bytes, new_topic
 
     tls = tls_options(pki)
     topic = await new_topic(mtls_kafka, "traffic-rotated", **tls)
@@ -419,18 +414,24 @@ async def test_a_source_that_cannot_reconnect_logs_why(
         )
         try:
             await produce(mtls_kafka, topic, [event_bytes("a0")], **tls)
-            await eventually(lambda: "a0" in seen, timeout_s=60)
+            await wait_until(lambda: "a0" in seen, timeout_s=60, what="a0 at the sink")
             relay.use_certificate(make_pki(tmp_path / "other-pki"))
             source._fail("consuming failed: KafkaConnectionError")  # as a dropped connection does
-            await eventually(
-                lambda: any(e["event"] == "source_unreachable" for e in logs), timeout_s=60
+            await wait_until(
+                lambda: any(e["event"] == "source_unreachable" for e in logs),
+                timeout_s=60,
+                what="a source_unreachable log line",
             )
             assert not source.connected
             relay.use_certificate(pki)
             # restarts counts the tries, the failed ones included
-            await eventually(lambda: source.restarts >= 2 and source.connected, timeout_s=60)
+            await wait_until(
+                lambda: source.restarts >= 2 and source.connected,
+                timeout_s=60,
+                what="the source restarted (twice) and connected",
+            )
             await produce(mtls_kafka, topic, [event_bytes("b0")], **tls)
-            await eventually(lambda: "b0" in seen, timeout_s=60)
+            await wait_until(lambda: "b0" in seen, timeout_s=60, what="b0 at the sink")
         finally:
             await source.stop()
             await asyncio.wait_for(task, 30)

@@ -23,13 +23,13 @@ from tests.kafka import (
     FAST_GROUP,
     committed,
     event_bytes,
-    eventually,
     free_port,
     new_topic,
     produce,
     read_all,
     unique,
 )
+from tests.waiting import wait_until
 
 
 class Recorder:
@@ -79,6 +79,42 @@ async def _committed_is(
     return await committed(bootstrap, group, tps) == expected
 
 
+class CommitRounds:
+    """Counts the commit rounds of a source's run loop: each one works out the commit
+    point from what is finished. "Still not committed past X" is checked after a few
+    more rounds, not after a guessed while."""
+
+    def __init__(self, source: KafkaEventSource, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count = 0
+        commit = source._commit
+
+        async def counted(only: Collection[Any] | None = None) -> None:
+            await commit(only)
+            self.count += 1
+
+        monkeypatch.setattr(source, "_commit", counted)
+
+    async def several_more(self, rounds: int = 5) -> None:
+        target = self.count + rounds
+        await wait_until(lambda: self.count >= target, what=f"{rounds} more commit rounds")
+
+
+MARKERS = ("p0-end", "p1-end")
+"""One last event per partition (0, 1): a barrier for "nothing more arrives"."""
+
+
+async def end_markers(bootstrap: str, topic: str, *recorders: Recorder) -> None:
+    """Produce :data:`MARKERS` and wait until ``recorders`` got both: a partition's
+    events arrive in order, so whatever was still to come of it came before its marker."""
+    for p, marker in enumerate(MARKERS):
+        await produce(bootstrap, topic, [event_bytes(marker)], partition=p)
+
+    def both() -> bool:
+        return set(MARKERS) <= {i for r in recorders for i in r.ids}
+
+    await wait_until(both, what="the end marker of each partition")
+
+
 def make_source(
     bootstrap: str, topic: str, group: str, rec: Recorder, **kw: Any
 ) -> KafkaEventSource:
@@ -104,7 +140,7 @@ async def test_events_reach_the_sink_in_order_per_partition(kafka_bootstrap: str
     group = unique("g")
     source = make_source(kafka_bootstrap, topic, group, rec, commit_interval_s=0.05)
     async with running(source):
-        await eventually(lambda: len(rec.events) == 60)
+        await wait_until(lambda: len(rec.events) == 60, timeout_s=60, what="60 events at the sink")
         assert source.connected
         tps = [TopicPartition(topic, p) for p in sorted(by_partition)]
 
@@ -112,7 +148,7 @@ async def test_events_reach_the_sink_in_order_per_partition(kafka_bootstrap: str
             got = await committed(kafka_bootstrap, group, tps)
             return got == [len(by_partition[tp.partition]) for tp in tps]
 
-        await eventually(all_committed)
+        await wait_until(all_committed, timeout_s=60, what="every partition committed to its end")
     assert not source.connected
 
     for part_ids in by_partition.values():
@@ -150,16 +186,24 @@ async def test_malformed_events_go_to_the_dead_letter_topic(kafka_bootstrap: str
         kafka_bootstrap, topic, group, rec, dlq=dlq, max_event_bytes=4096, commit_interval_s=0.05
     )
     async with running(source) as task:
-        await eventually(lambda: len(rec.events) == 2 and len(rec.rejects) == len(bad))
+        await wait_until(
+            lambda: len(rec.events) == 2 and len(rec.rejects) == len(bad),
+            timeout_s=60,
+            what="2 events at the sink and every bad record rejected",
+        )
         tp = TopicPartition(topic, 0)
 
         async def done() -> bool:
             return await committed(kafka_bootstrap, group, [tp]) == [len(values)]
 
-        await eventually(done)
+        await wait_until(done, timeout_s=60, what="the commit past the dead letters")
         assert not task.done()  # the consumer keeps going
         await produce(kafka_bootstrap, topic, [event_bytes("ok-3")])
-        await eventually(lambda: rec.ids == ["ok-1", "ok-2", "ok-3"])
+        await wait_until(
+            lambda: rec.ids == ["ok-1", "ok-2", "ok-3"],
+            timeout_s=60,
+            what="ok-1, ok-2 and ok-3 at the sink",
+        )
 
     assert [s for s, _ in rec.rejects] == ["kafka"] * len(bad)
     dead = await read_all(kafka_bootstrap, dlq, at_least=len(bad))
@@ -181,7 +225,9 @@ async def test_malformed_events_go_to_the_dead_letter_topic(kafka_bootstrap: str
     assert [reason for _, reason in rec.rejects] == reasons
 
 
-async def test_commit_never_passes_an_unfinished_event(kafka_bootstrap: str) -> None:
+async def test_commit_never_passes_an_unfinished_event(
+    kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     topic = await new_topic(kafka_bootstrap, "events")
     await produce(kafka_bootstrap, topic, [event_bytes(f"e{i}") for i in range(10)])
     rec = Recorder(sample={"e3", "e6", "e8"})
@@ -195,20 +241,25 @@ async def test_commit_never_passes_an_unfinished_event(kafka_bootstrap: str) -> 
     async def position_is(expected: int) -> bool:
         return await position() == expected
 
+    rounds = CommitRounds(source, monkeypatch)
     async with running(source):
-        await eventually(lambda: len(rec.events) == 10)
-        await eventually(lambda: position_is(3))
-        await asyncio.sleep(0.3)  # several commit intervals: still held at e3
-        assert await position() == 3
+        await wait_until(lambda: len(rec.events) == 10, timeout_s=60, what="10 events at the sink")
+        await wait_until(
+            lambda: position_is(3), timeout_s=60, what="the commit at offset 3 (e3 unfinished)"
+        )
+        await rounds.several_more()
+        assert await position() == 3  # still held at e3
 
         rec.futures["e3"].set_result(None)
-        await eventually(lambda: position_is(6))
+        await wait_until(
+            lambda: position_is(6), timeout_s=60, what="the commit at offset 6 (e6 unfinished)"
+        )
         rec.futures["e8"].set_result(None)  # finished out of order: e6 still holds
-        await asyncio.sleep(0.3)
+        await rounds.several_more()
         assert await position() == 6
 
         rec.futures["e6"].set_exception(RuntimeError("abandoned"))  # abandoned is done too
-        await eventually(lambda: position_is(10))
+        await wait_until(lambda: position_is(10), timeout_s=60, what="the commit at offset 10")
 
 
 async def test_stop_drains_in_flight_items_before_the_last_commit(kafka_bootstrap: str) -> None:
@@ -218,7 +269,7 @@ async def test_stop_drains_in_flight_items_before_the_last_commit(kafka_bootstra
     group = unique("g")
     source = make_source(kafka_bootstrap, topic, group, rec, commit_interval_s=600)
     async with running(source, stop_timeout_s=5.0):
-        await eventually(lambda: len(rec.events) == 5)
+        await wait_until(lambda: len(rec.events) == 5, timeout_s=60, what="5 events at the sink")
         asyncio.get_running_loop().call_later(0.2, rec.futures["e1"].set_result, None)
     assert await committed(kafka_bootstrap, group, [TopicPartition(topic, 0)]) == [5]
 
@@ -233,22 +284,30 @@ async def test_restart_redelivers_exactly_the_unfinished_tail(kafka_bootstrap: s
     source = make_source(kafka_bootstrap, topic, group, first, commit_interval_s=0.05)
     tps = [TopicPartition(topic, 0), TopicPartition(topic, 1)]
     async with running(source, stop_timeout_s=0.2):
-        await eventually(lambda: len(first.events) == 20)
+        await wait_until(
+            lambda: len(first.events) == 20, timeout_s=60, what="20 events at the first member"
+        )
         first.futures["p0-2"].set_result(None)
         # The periodic commit gets there first: stop's own last commit has only 0.1 s
         # left after waiting out its 0.2 s, which a loaded broker may need more than.
-        await eventually(lambda: _committed_is(kafka_bootstrap, group, tps, [6, 8]))
+        await wait_until(
+            lambda: _committed_is(kafka_bootstrap, group, tps, [6, 8]),
+            timeout_s=60,
+            what="the commits at 6 and 8",
+        )
     # p0-6, p1-8 and p1-9 never finished: the commit stays at p0 -> 6 and p1 -> 8.
     assert await committed(kafka_bootstrap, group, tps) == [6, 8]
 
     second = Recorder()
     source = make_source(kafka_bootstrap, topic, group, second, commit_interval_s=0.05)
     async with running(source):
-        await eventually(lambda: len(second.events) == 6)
-        await asyncio.sleep(0.3)  # nothing more arrives
-    assert sorted(second.ids) == sorted(["p0-6", "p0-7", "p0-8", "p0-9", "p1-8", "p1-9"])
-    assert set(first.ids) | set(second.ids) == {f"p{p}-{i}" for p in (0, 1) for i in range(10)}
-    assert await committed(kafka_bootstrap, group, tps) == [10, 10]
+        await wait_until(lambda: len(second.events) == 6, timeout_s=60, what="6 events redelivered")
+        await end_markers(kafka_bootstrap, topic, second)  # nothing more arrives before them
+    tail = ["p0-6", "p0-7", "p0-8", "p0-9", "p1-8", "p1-9"]
+    assert sorted(second.ids) == sorted([*tail, *MARKERS])
+    every = {f"p{p}-{i}" for p in (0, 1) for i in range(10)}
+    assert set(first.ids) | set(second.ids) == every | set(MARKERS)
+    assert await committed(kafka_bootstrap, group, tps) == [11, 11]  # the markers too
 
 
 async def test_a_failed_dead_letter_stops_the_source_without_committing_past_it(
@@ -292,11 +351,13 @@ async def test_connected_turns_false_when_the_broker_goes_away(
     rec = Recorder()
     source = make_source(bootstrap, topic, unique("g"), rec, request_timeout_ms=2000)
     async with running(source, stop_timeout_s=2.0):
-        await eventually(lambda: len(rec.events) == 1)
+        await wait_until(lambda: len(rec.events) == 1, timeout_s=60, what="the event at the sink")
         assert source.connected
         proc.kill()  # a crash (SIGTERM makes Tansu drain for seconds)
         await asyncio.to_thread(proc.wait, 10)
-        await eventually(lambda: not source.connected)
+        await wait_until(
+            lambda: not source.connected, timeout_s=60, what="the source to see the broker gone"
+        )
 
 
 async def test_a_rebalance_commits_finished_work_of_revoked_partitions(
@@ -311,17 +372,23 @@ async def test_a_rebalance_commits_finished_work_of_revoked_partitions(
     # No periodic commit within the test: only the revoke hook can commit.
     one = make_source(kafka_bootstrap, topic, group, first, commit_interval_s=600)
     async with running(one):
-        await eventually(lambda: len(first.events) == 20)
+        await wait_until(
+            lambda: len(first.events) == 20, timeout_s=60, what="20 events at the first member"
+        )
         assert await committed(kafka_bootstrap, group, tps) == [None, None]
         second = Recorder()
         two = make_source(kafka_bootstrap, topic, group, second, commit_interval_s=0.05)
         async with running(two):
-            await eventually(lambda: len(first.events) + len(second.events) == 25)
-            await asyncio.sleep(0.5)
-            assert len(first.events) + len(second.events) == 25
+            await wait_until(
+                lambda: len(first.events) + len(second.events) == 25,
+                timeout_s=60,
+                what="25 events over both members",
+            )
+            await end_markers(kafka_bootstrap, topic, first, second)
+            assert len(first.events) + len(second.events) == 25 + len(MARKERS)
             assert one.connected
             assert two.connected
-            redelivered = first.ids[20:] + second.ids
+            redelivered = [i for i in first.ids[20:] + second.ids if i not in MARKERS]
             assert sorted(redelivered) == [f"p0-{i}" for i in range(5, 10)]
 
 
@@ -354,20 +421,31 @@ async def test_a_paused_partition_revoked_goes_on_where_the_held_events_start(
     first = Busy(room=6)
     one = make_source(kafka_bootstrap, topic, group, first, commit_interval_s=0.05)
     async with running(one):
-        await eventually(lambda: one.paused and len(first.taken) == 6, 30)
+        await wait_until(
+            lambda: one.paused and len(first.taken) == 6,
+            timeout_s=30,
+            what="the first member paused with 6 events taken",
+        )
         offered = len(first.events)
-        await asyncio.sleep(0.6)  # paused: the held events are offered again, none fetched
+        # Paused: the held events are offered again (each poll), none fetched.
+        await wait_until(
+            lambda: len(first.events) >= offered + 5,
+            timeout_s=30,
+            what="the held events offered 5 more times",
+        )
         assert one.paused and set(first.ids[offered:]) <= set(first.ids[:offered])
 
         async def committed_taken() -> bool:
             offsets = await committed(kafka_bootstrap, group, tps)
             return sum(o or 0 for o in offsets) == 6
 
-        await eventually(committed_taken, 30)
+        await wait_until(committed_taken, timeout_s=30, what="the 6 taken events committed")
         second = Recorder()
         two = make_source(kafka_bootstrap, topic, group, second, commit_interval_s=0.05)
         async with running(two):
-            await eventually(lambda: len(second.events) >= 1, 60)
+            await wait_until(
+                lambda: len(second.events) >= 1, timeout_s=60, what="an event at the second member"
+            )
         # The second member owned one partition, then left: the first member is busy
         # for ever, so whatever it still holds stays uncommitted.
     assert not set(first.taken) & set(second.ids)  # nothing taken twice

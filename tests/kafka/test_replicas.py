@@ -24,8 +24,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from monitor.app.demo.model import QuestionBank, SimulatedModel, truth_of
 from monitor.core.canon import get_canonicalizer
 from monitor.core.sampler import sampled
-from tests.kafka import committed, eventually, free_port, http_get, new_topic, produce, unique
+from tests.kafka import committed, free_port, http_get, new_topic, produce, unique
 from tests.kafka.conftest import _wait_ready, spawn_broker, stop_broker
+from tests.waiting import hold_still, wait_until
 
 pytestmark = pytest.mark.timeout(600)  # ~40 s unloaded: room for a machine 10x slower
 
@@ -34,6 +35,8 @@ MODEL = "sim-arith-1"
 LABELS = (("model", MODEL), ("task", TASK))
 ALPHAS = (0.1, 0.2, 0.3)
 SAMPLING = 0.7
+BARRIER = b"barrier"
+"""The key of the test's own marker records on the review topic (not review items)."""
 
 
 def write_config(
@@ -182,13 +185,13 @@ async def test_readyz_is_503_while_the_broker_is_gone_and_recovers(
     relmon.start()
     second: subprocess.Popen[bytes] | None = None
     try:
-        await eventually(_is(relmon, 200), timeout_s=60)
+        await wait_until(_is(relmon, 200), timeout_s=60, what="relmon ready (/readyz 200)")
         await produce(bootstrap, topics["traffic"], events[:5])
-        await eventually(_processed(relmon, 5), timeout_s=60)
+        await wait_until(_processed(relmon, 5), timeout_s=60, what="5 events processed")
 
         await asyncio.to_thread(stop_broker, broker)
         gone = time.monotonic()
-        await eventually(_is(relmon, 503), timeout_s=30)
+        await wait_until(_is(relmon, 503), timeout_s=30, what="/readyz 503 with the broker gone")
         took = time.monotonic() - gone
         status, body = await relmon.get("/readyz")
         assert status == 503
@@ -196,28 +199,46 @@ async def test_readyz_is_503_while_the_broker_is_gone_and_recovers(
         assert any("Kafka broker not reachable" in r and topics["traffic"] in r for r in reasons)
         assert relmon.alive(), relmon.tail()
         assert await relmon.status("/healthz") == 200
-        await asyncio.sleep(3)  # still up and still saying why, a while later
+        # Still up and still saying why, a while into the outage: relmon does nothing
+        # observable meanwhile (no log line, no metric moves), so time itself is the test.
+        await hold_still(3, why="an outage that lasts: relmon must neither exit nor recover")
         assert relmon.alive() and await relmon.status() == 503, relmon.tail()
 
         second = spawn_broker(port, tmp_path)
         await _wait_ready(bootstrap, second)
-        await eventually(_is(relmon, 200), timeout_s=90)
+        await wait_until(_is(relmon, 200), timeout_s=90, what="/readyz 200 with the broker back")
         # The new broker is empty (Tansu keeps its log in memory): the topic comes back
         # with the first event, and relmon's old position may lie past its end for a
         # while, so events are produced until one comes through the whole path.
         before = await relmon.metrics()
         flowed = _processed(relmon, 1, since=before, decisions=("sampled",))
-        deadline = time.monotonic() + 120
         sent = 0
-        while not await flowed():
-            assert time.monotonic() < deadline, relmon.tail()
+
+        async def one_came_through() -> bool:
+            """Did an event come through? If not, produce one more."""
+            nonlocal sent
+            if await flowed():
+                return True
             more = events_of(QuestionBank(size=1, seed=100 + sent), f"again{sent}-")
             await produce(bootstrap, topics["traffic"], [more[0][1]])
             sent += 1
-            await asyncio.sleep(0.5)
+            return False
+
+        await wait_until(
+            one_came_through,
+            timeout_s=120,
+            what="an event through the whole path on the new broker",
+            interval_s=0.5,
+            alive=relmon.proc,
+            detail=relmon.tail,
+        )
         # ... scored, and its review item acknowledged by the new broker.
         scored = ("relmon_items_total", tuple(sorted((*LABELS, ("outcome", "scored")))))
-        await eventually(lambda: _gt(relmon, scored, before.get(scored, 0.0)), timeout_s=60)
+        await wait_until(
+            lambda: _gt(relmon, scored, before.get(scored, 0.0)),
+            timeout_s=60,
+            what="an item scored through the new broker",
+        )
         assert relmon.alive()
         print(f"readiness went 503 {took:.2f} s after the broker stopped")
     finally:
@@ -289,6 +310,7 @@ async def test_three_replicas_one_calibration_through_a_kill_9(
     review_items: Counter[str] = Counter()
     scores: dict[str, float] = {}
     duplicates_sent: list[str] = []
+    barriers_seen: set[int] = set()  # the review partitions whose barrier the reviewer read
     stop_reviewer = asyncio.Event()
 
     async def reviewer() -> None:
@@ -304,6 +326,9 @@ async def test_three_replicas_one_calibration_through_a_kill_9(
             while not stop_reviewer.is_set():
                 batch = await consumer.getmany(timeout_ms=200)
                 for record in (r for rs in batch.values() for r in rs):
+                    if record.key == BARRIER:
+                        barriers_seen.add(record.partition)
+                        continue
                     item = json.loads(record.value)
                     item_id = item["item_id"]
                     review_items[item_id] += 1
@@ -331,7 +356,7 @@ async def test_three_replicas_one_calibration_through_a_kill_9(
         try:
             for eid, payload in batch:
                 await producer.send_and_wait(topics["traffic"], payload, key=eid.encode())
-                await asyncio.sleep(1 / per_s)
+                await asyncio.sleep(1 / per_s)  # the traffic generator's pace
         finally:
             await producer.stop()
 
@@ -340,17 +365,18 @@ async def test_three_replicas_one_calibration_through_a_kill_9(
         for r in replicas:
             r.start()
         for r in replicas:
-            await eventually(_is(r, 200), timeout_s=90)
+            await wait_until(_is(r, 200), timeout_s=90, what=f"replica {r.name} ready")
         first_wave = asyncio.create_task(traffic(events[:60], per_s=30))
         # Mid-stream: b has processed traffic and verdicts are flowing; kill it.
-        await eventually(_processed(b, 3), timeout_s=90)
-        await eventually(lambda: len(scores) >= 10, timeout_s=90)
-        b.kill9()
+        await wait_until(_processed(b, 3), timeout_s=90, what="replica b to process 3 events")
+        await wait_until(lambda: len(scores) >= 10, timeout_s=90, what="10 verdicts given")
+        b.kill9()  # returns once the process is gone (its port free)
         await first_wave
-        await asyncio.sleep(1)
         b.start()  # joins while its old member's session has not expired yet
         await traffic(events[60:], per_s=30)
-        await eventually(_is(b, 200), timeout_s=90)
+        await wait_until(
+            _is(b, 200), timeout_s=90, what="replica b ready again", alive=b.proc, detail=b.tail
+        )
 
         # Done when every partition's committed offset is at its log end and every
         # sampled event's verdict is in every replica's window.
@@ -361,8 +387,16 @@ async def test_three_replicas_one_calibration_through_a_kill_9(
         async def all_committed() -> bool:
             return await committed(kafka_bootstrap, group, tps) == [end_offsets[tp] for tp in tps]
 
-        await eventually(all_committed, timeout_s=120)
-        await eventually(lambda: set(scores) >= expected_sampled, timeout_s=60)
+        await wait_until(
+            all_committed,
+            timeout_s=120,
+            what="the group committed to the log end of every partition",
+        )
+        await wait_until(
+            lambda: set(scores) >= expected_sampled,
+            timeout_s=60,
+            what="a verdict for every sampled event",
+        )
 
         seen: dict[str, dict[str, float]] = {}
 
@@ -377,10 +411,12 @@ async def test_three_replicas_one_calibration_through_a_kill_9(
                 }
             return all(v["window"] >= len(scores) for v in seen.values())
 
-        try:
-            await eventually(windows_full, timeout_s=60)
-        except AssertionError:
-            raise AssertionError(f"verdicts {len(scores)}, replicas {seen}") from None
+        await wait_until(
+            windows_full,
+            timeout_s=60,
+            what="every verdict in every replica's window",
+            detail=lambda: f"verdicts {len(scores)}, replicas {seen}",
+        )
         # Lag: every replica exports the review and verdict partitions it follows, each
         # traffic partition is exported by the replica that owns it (once the last
         # rebalance settled and the next measurement ran), and all are caught up.
@@ -403,13 +439,36 @@ async def test_three_replicas_one_calibration_through_a_kill_9(
                 and all(v == 0 for lag in lags.values() for v in lag.values())
             )
 
-        try:
-            await eventually(lags_settled, timeout_s=60)
-        except AssertionError:
-            raise AssertionError(f"consumer lag series: {lags}") from None
-        await asyncio.sleep(1.5)  # a late duplicate review item or verdict would show now
+        await wait_until(
+            lags_settled,
+            timeout_s=60,
+            what="consumer lag 0 on every partition, each exported by its owner",
+            detail=lambda: f"consumer lag series: {lags}",
+        )
+        # A barrier on each review partition: a late duplicate review item published
+        # before it reaches the reviewer first. Then the reviewer stops, and every
+        # verdict it sent (the duplicate copies last) is counted by the survivors.
+        for p in range(2):
+            await produce(
+                kafka_bootstrap, topics["review"], [b"barrier"], partition=p, keys=[BARRIER]
+            )
+        await wait_until(
+            lambda: barriers_seen == {0, 1}, timeout_s=60, what="the reviewer to read both barriers"
+        )
         stop_reviewer.set()
         await reviewing
+
+        async def duplicates_counted() -> bool:
+            for r in (a, c):
+                m = await r.metrics()
+                got = value(m, "relmon_reviews_total", verdict="duplicate", **dict(LABELS))
+                if got < len(duplicates_sent):
+                    return False
+            return True
+
+        await wait_until(
+            duplicates_counted, timeout_s=60, what="every duplicate verdict counted by a and c"
+        )
         final = {r.name: await r.metrics() for r in replicas}
     except BaseException:
         for r in replicas:

@@ -35,7 +35,8 @@ from tests.http.test_restart_calibration import (
     served_set_size,
     service,
 )
-from tests.kafka import eventually, new_topic
+from tests.kafka import new_topic
+from tests.waiting import wait_until
 
 
 class Running:
@@ -93,7 +94,7 @@ class Running:
 plans = st.lists(
     st.tuples(
         st.floats(0, 20_000),  # sampling time after T0
-        st.sampled_from([1.0, 0.5, 0.25, 0.1]),  # review probability
+        st.sampled_from([1.0, 0.5, 0.25, 0.1]),  # inclusion probability
         st.integers(0, 3),  # verdict: none of these, or the accepted rank
         st.integers(0, 2),  # the verdict's partition
     ),
@@ -150,7 +151,9 @@ async def test_a_restart_rebuilds_exactly_the_live_snapshot_from_the_topics(
             def caught_up(s: MonitorService = service, t: int = expected) -> bool:
                 return s.stats.verdicts == t
 
-            await eventually(caught_up, timeout_s=30)
+            await wait_until(
+                caught_up, timeout_s=30, what="the live service to apply every verdict"
+            )
             before = live.service.snapshot(MODEL, TASK)
             await live.stop()
             live = Running(kafka_bootstrap, topics, window, clock)
@@ -166,7 +169,7 @@ async def test_a_restart_rebuilds_exactly_the_live_snapshot_from_the_topics(
 aci_plans = st.lists(
     st.tuples(
         st.floats(0, 600),  # sampling time after T0
-        st.sampled_from([1.0, 0.5, 0.25]),  # review probability
+        st.sampled_from([1.0, 0.5, 0.25]),  # inclusion probability
         st.sampled_from([1.0, 2.0, math.inf]),  # the ACI threshold the item was served at
         st.sampled_from([1, 1, 2, 3, 0]),  # verdict: accepted rank, or none of these (0)
         st.integers(0, 2),  # the verdict's partition
@@ -240,7 +243,9 @@ async def test_a_restart_restores_aci_alpha_from_the_topics(
             def caught_up(s: MonitorService = service, t: int = expected) -> bool:
                 return s.stats.verdicts == t
 
-            await eventually(caught_up, timeout_s=30)
+            await wait_until(
+                caught_up, timeout_s=30, what="the live service to apply every verdict"
+            )
             alpha_t = live.service.aci_alpha(MODEL, TASK)
             before = live.service.snapshot(MODEL, TASK)
             size = await served_set_size(live.service, f"probe-{round_}-live")

@@ -13,7 +13,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from adapters.kafka.source import KafkaEventSource
-from monitor.app.runner import Running, start_service, supervise
+from monitor.app.runner import Running, start_service
+from monitor.app.supervision import supervise
 from monitor.config import load_settings
 from monitor.core.events import TrafficEvent
 from monitor.engine.metrics import Metrics
@@ -21,7 +22,6 @@ from monitor.engine.ports import Admission
 from tests.kafka import (
     FAST_GROUP,
     event_bytes,
-    eventually,
     free_port,
     http_get,
     new_topic,
@@ -30,6 +30,7 @@ from tests.kafka import (
     relmon_topics,
     unique,
 )
+from tests.waiting import wait_until
 
 
 def restarts(registry: CollectorRegistry, source: str) -> float | None:
@@ -82,16 +83,26 @@ async def test_a_failed_source_is_restarted_and_takes_events_again(kafka_bootstr
     task = asyncio.create_task(supervise(source, max_delay_s=1.0, on_restart=counter.inc))
     try:
         await produce(kafka_bootstrap, topic, [event_bytes(f"a{i}") for i in range(3)])
-        await eventually(lambda: len(seen) >= 3, timeout_s=30)
+        await wait_until(lambda: len(seen) >= 3, timeout_s=30, what="3 events at the sink")
         assert restarts(registry, "kafka") == 0
         # What a failed dead-letter acknowledgement does; run() raises at its next poll.
         source._fail("dead-letter send to unused-dlq failed: KafkaConnectionError")
-        await eventually(lambda: not source.connected, timeout_s=30)
+        await wait_until(lambda: not source.connected, timeout_s=30, what="the source to fail")
         assert not task.done()
-        await eventually(lambda: source.restarts == 1 and source.connected, timeout_s=30)
-        await eventually(lambda: restarts(registry, "kafka") == 1, timeout_s=30)
+        await wait_until(
+            lambda: source.restarts == 1 and source.connected,
+            timeout_s=30,
+            what="the source restarted and connected",
+        )
+        await wait_until(
+            lambda: restarts(registry, "kafka") == 1, timeout_s=30, what="the restart counted"
+        )
         await produce(kafka_bootstrap, topic, [event_bytes(f"b{i}") for i in range(3)])
-        await eventually(lambda: {"b0", "b1", "b2"} <= set(seen), timeout_s=60)
+        await wait_until(
+            lambda: {"b0", "b1", "b2"} <= set(seen),
+            timeout_s=60,
+            what="b0, b1 and b2 at the sink after the restart",
+        )
     finally:
         await source.stop()
         await asyncio.wait_for(task, 30)
@@ -112,15 +123,19 @@ async def test_the_service_counts_every_restart_of_its_traffic_source(
     registry = running.registry
     try:
         source = next(s for s in running.sources if isinstance(s, KafkaEventSource))
-        await eventually(lambda: not running.not_ready(), timeout_s=60)
+        await wait_until(lambda: not running.not_ready(), timeout_s=60, what="relmon ready")
         text = await scrape(port)
         assert 'relmon_source_restarts_total{source="kafka"} 0.0' in text
         assert 'relmon_source_restarts_total{source="verdicts"} 0.0' in text
         for n in (1, 2):
             source._fail("dead-letter send failed: KafkaConnectionError")
-            await eventually(lambda: not source.connected, timeout_s=30)
-            await eventually(lambda n=n: restarts(registry, "kafka") == n, timeout_s=90)
-        await eventually(lambda: not running.not_ready(), timeout_s=90)
+            await wait_until(lambda: not source.connected, timeout_s=30, what="the source to fail")
+            await wait_until(
+                lambda n=n: restarts(registry, "kafka") == n,
+                timeout_s=90,
+                what=f"restart {n} counted",
+            )
+        await wait_until(lambda: not running.not_ready(), timeout_s=90, what="relmon ready")
         # Events for no configured task: skipped, counted under the same source.
         await produce(kafka_bootstrap, topics["traffic"], [event_bytes(f"c{i}") for i in range(3)])
 
@@ -128,7 +143,7 @@ async def test_the_service_counts_every_restart_of_its_traffic_source(
             labels = {"source": "kafka", "decision": "skipped"}
             return registry.get_sample_value("relmon_traffic_events_total", labels) or 0.0
 
-        await eventually(lambda: skipped() >= 3, timeout_s=90)
+        await wait_until(lambda: skipped() >= 3, timeout_s=90, what="3 events skipped")
         text = await scrape(port)
         assert 'relmon_source_restarts_total{source="kafka"} 2.0' in text
         assert 'relmon_source_restarts_total{source="verdicts"} 0.0' in text

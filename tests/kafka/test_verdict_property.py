@@ -19,7 +19,8 @@ from adapters.kafka.review import KafkaCalibrationStore, durable_producer
 from adapters.kafka.verdicts import KafkaVerdictConsumer
 from monitor.core.review import ReviewItem, Verdict, verdict_score
 from monitor.engine.ports import CalibrationRecord, VerdictOutcome
-from tests.kafka import eventually, new_topic, read_all
+from tests.kafka import new_topic, read_all
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -149,7 +150,9 @@ async def test_verdicts_are_applied_exactly_once_whatever_the_order_and_restarts
         def settled() -> bool:
             return replica.applied == expected and consumer.waiting == 0
 
-        await eventually(settled, WAIT_S + 20)
+        await wait_until(
+            settled, timeout_s=WAIT_S + 20, what="every verdict applied and none waiting"
+        )
         dead = await read_all(kafka_bootstrap, topics["dlq"], at_least=ghosts)
         assert len(dead) == ghosts  # exactly once, also across restarts
         assert len({_source(r) for r in dead}) == ghosts  # each one a different verdict

@@ -22,11 +22,11 @@ from prometheus_client import CollectorRegistry
 
 from adapters.kafka.review import KafkaCalibrationStore
 from adapters.kafka.verdicts import KafkaVerdictConsumer
-from monitor.app.runner import Running, supervise
+from monitor.app.runner import Running
+from monitor.app.supervision import supervise
 from monitor.core.review import ReviewItem
 from monitor.engine.metrics import TRAFFIC_DECISIONS, Metrics
 from tests.kafka import (
-    eventually,
     free_port,
     http_get,
     new_topic,
@@ -36,6 +36,7 @@ from tests.kafka import (
 from tests.kafka.conftest import ATTEMPTS, _wait_ready, spawn_broker, stop_broker
 from tests.kafka.test_kafka_review import Handler, item, verdict
 from tests.kafka.test_source_restart import restarts, scrape, start_on_kafka
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -145,30 +146,67 @@ async def test_a_cut_connection_fails_the_follower_and_it_resumes_where_it_stopp
     try:
         await produce(bootstrap, review, [json.dumps(item(1).to_json()).encode()])
         await produce(bootstrap, verdicts, [verdict("item-1", 1)])
-        await eventually(lambda: [v.item_id for v in handler.seen] == ["item-1"], timeout_s=30)
+        await wait_until(
+            lambda: [v.item_id for v in handler.seen] == ["item-1"],
+            timeout_s=30,
+            what="the verdict for item-1 handed over",
+        )
         # A verdict whose item never comes: its dead letter is due in 4 s, the relay is
         # cut before, so the write fails and the follower with it.
         await produce(bootstrap, verdicts, [verdict("ghost", 1)])
-        await eventually(lambda: follower.waiting == 1, timeout_s=30)
+        await wait_until(
+            lambda: follower.waiting == 1,
+            timeout_s=30,
+            what="the ghost verdict waiting for its item",
+        )
         await relay.cut()
-        await eventually(lambda: not follower.connected, timeout_s=30)
-        await eventually(lambda: follower._failure is not None, timeout_s=60)
+        await wait_until(
+            lambda: not follower.connected,
+            timeout_s=30,
+            what="the follower to lose the cut connection",
+        )
+        await wait_until(
+            lambda: follower._failure is not None,
+            timeout_s=60,
+            what="the follower to fail on the dead-letter write",
+        )
         assert handler.rejects == [] and follower.dead_letters == 0
         assert not task.done()
         assert restarts(registry, "verdicts") == 0
 
         await relay.open()
-        await eventually(lambda: follower.restarts >= 1 and follower.connected, timeout_s=60)
+        await wait_until(
+            lambda: follower.restarts >= 1 and follower.connected,
+            timeout_s=60,
+            what="the follower restarted and connected",
+        )
         # Counted once it worked (attempts while the relay was cut failed and do not count).
-        await eventually(lambda: (restarts(registry, "verdicts") or 0) >= 1, timeout_s=30)
+        await wait_until(
+            lambda: (restarts(registry, "verdicts") or 0) >= 1,
+            timeout_s=30,
+            what="the restart counted",
+        )
         # The dead letter not written is written once after the restart, and counted once.
-        await eventually(lambda: follower.dead_letters == 1, timeout_s=60)
+        await wait_until(
+            lambda: follower.dead_letters == 1, timeout_s=60, what="the ghost's dead letter written"
+        )
         assert [kind for kind, _ in handler.rejects] == ["unknown"]
         # Verdicts given after the restart are applied, the earlier one not again.
         await produce(bootstrap, review, [json.dumps(item(n).to_json()).encode() for n in (2, 3)])
         await produce(bootstrap, verdicts, [verdict("item-2", 1), verdict("item-3", 2)])
-        await eventually(lambda: len(handler.seen) >= 3, timeout_s=60)
-        await asyncio.sleep(0.5)  # a verdict taken twice would have come by now
+        await wait_until(
+            lambda: len(handler.seen) >= 3,
+            timeout_s=60,
+            what="the verdicts for item-2 and item-3 handed over",
+        )
+        # A barrier: a later verdict; one taken twice would have come before it.
+        await produce(bootstrap, review, [json.dumps(item(4).to_json()).encode()])
+        await produce(bootstrap, verdicts, [verdict("item-4", 1)])
+        await wait_until(
+            lambda: any(v.item_id == "item-4" for v in handler.seen),
+            timeout_s=60,
+            what="the marker verdict for item-4 handed over",
+        )
     finally:
         await follower.stop()
         await asyncio.wait_for(task, 30)
@@ -177,8 +215,8 @@ async def test_a_cut_connection_fails_the_follower_and_it_resumes_where_it_stopp
     for decision in TRAFFIC_DECISIONS:  # not a traffic source
         labels = {"source": "verdicts", "decision": decision}
         assert registry.get_sample_value("relmon_traffic_events_total", labels) is None
-    assert [v.item_id for v in handler.seen] == ["item-1", "item-2", "item-3"]
-    assert handler.items == ["item-1", "item-2", "item-3"]
+    assert [v.item_id for v in handler.seen] == ["item-1", "item-2", "item-3", "item-4"]
+    assert handler.items == ["item-1", "item-2", "item-3", "item-4"]
     letters = await read_all(bootstrap, dlq, at_least=1)
     assert [json.loads(r.value)["item_id"] for r in letters] == ["ghost"]
     assert dict(letters[0].headers)["relmon-source-offset"] == b"1"  # the ghost's verdict
@@ -218,7 +256,7 @@ async def test_the_service_restarts_a_failed_follower_and_is_ready_again(
     running, topics, port = await start_on_kafka(kafka_bootstrap, tmp_path, verdict_wait_s=120)
     try:
         follower = next(s for s in running.sources if isinstance(s, KafkaVerdictConsumer))
-        await eventually(lambda: not running.not_ready(), timeout_s=60)
+        await wait_until(lambda: not running.not_ready(), timeout_s=60, what="relmon ready")
         assert await readyz(port) == 200
         text = await scrape(port)
         assert 'relmon_source_restarts_total{source="verdicts"} 0.0' in text
@@ -226,10 +264,18 @@ async def test_the_service_restarts_a_failed_follower_and_is_ready_again(
         assert 'source="verdicts",decision=' not in text  # not a traffic source
         await produce(kafka_bootstrap, topics["review"], [review_item(1)])
         await produce(kafka_bootstrap, topics["verdict"], [verdict("it-1", 1)])
-        await eventually(lambda: reviews(running, "accepted", **LABELS) == 1, timeout_s=30)
+        await wait_until(
+            lambda: reviews(running, "accepted", **LABELS) == 1,
+            timeout_s=30,
+            what="the verdict for it-1 applied",
+        )
         # A verdict waiting for its item across the failure.
         await produce(kafka_bootstrap, topics["verdict"], [verdict("it-2", 1)])
-        await eventually(lambda: follower.waiting == 1, timeout_s=30)
+        await wait_until(
+            lambda: follower.waiting == 1,
+            timeout_s=30,
+            what="the verdict for it-2 waiting for its item",
+        )
 
         # The broker does not acknowledge the next dead letter (what a lost broker does);
         # the restart waits for the test so that readiness can be asked meanwhile.
@@ -246,7 +292,11 @@ async def test_the_service_restarts_a_failed_follower_and_is_ready_again(
 
         follower.restart = gated_restart  # type: ignore[method-assign]
         await produce(kafka_bootstrap, topics["verdict"], [b"{not json"])
-        await eventually(lambda: follower._failure is not None, timeout_s=30)
+        await wait_until(
+            lambda: follower._failure is not None,
+            timeout_s=30,
+            what="the follower to fail on the refused dead letter",
+        )
         assert await readyz(port) == 503
         assert any("KafkaVerdictConsumer" in r for r in running.not_ready())
         # Given while it is down: applied after the restart.
@@ -256,17 +306,45 @@ async def test_the_service_restarts_a_failed_follower_and_is_ready_again(
         assert restarts(running.registry, "verdicts") == 0  # not restarted yet
         gate.set()
 
-        await eventually(lambda: follower.restarts == 1 and not running.not_ready(), 60)
+        await wait_until(
+            lambda: follower.restarts == 1 and not running.not_ready(),
+            timeout_s=60,
+            what="the follower restarted and relmon ready",
+        )
         assert await readyz(port) == 200
-        await eventually(lambda: restarts(running.registry, "verdicts") == 1, timeout_s=30)
+        await wait_until(
+            lambda: restarts(running.registry, "verdicts") == 1,
+            timeout_s=30,
+            what="the restart counted",
+        )
         assert restarts(running.registry, "kafka") == 0
         assert 'relmon_source_restarts_total{source="verdicts"} 1.0' in await scrape(port)
-        await eventually(lambda: reviews(running, "accepted", **LABELS) == 2, timeout_s=30)
+        await wait_until(
+            lambda: reviews(running, "accepted", **LABELS) == 2,
+            timeout_s=30,
+            what="the verdict for it-3 applied after the restart",
+        )
         # The waiting verdict's item comes after the restart: it is applied.
         await produce(kafka_bootstrap, topics["review"], [review_item(2)])
-        await eventually(lambda: reviews(running, "accepted", **LABELS) == 3, timeout_s=30)
-        await eventually(lambda: reviews(running, "invalid", model="", task="") == 1, timeout_s=30)
-        await asyncio.sleep(0.5)  # a verdict applied twice would have come by now
+        await wait_until(
+            lambda: reviews(running, "accepted", **LABELS) == 3,
+            timeout_s=30,
+            what="the waiting verdict for it-2 applied",
+        )
+        await wait_until(
+            lambda: reviews(running, "invalid", model="", task="") == 1,
+            timeout_s=30,
+            what="the malformed verdict counted as invalid",
+        )
+        # A barrier: a later verdict ("none of these": the only one counted so); one
+        # applied twice would have been counted before it.
+        await produce(kafka_bootstrap, topics["review"], [review_item(4)])
+        await produce(kafka_bootstrap, topics["verdict"], [verdict("it-4")])
+        await wait_until(
+            lambda: reviews(running, "none", **LABELS) == 1,
+            timeout_s=30,
+            what="the marker verdict for it-4 applied",
+        )
         assert reviews(running, "duplicate", **LABELS) == 0
         assert reviews(running, "accepted", **LABELS) == 3
         assert reviews(running, "invalid", model="", task="") == 1 and follower.dead_letters == 1

@@ -36,22 +36,23 @@ def completion(*texts: str | None) -> dict[str, Any]:
 
 
 def reply(*texts: str | None, delay_s: float = 0.0) -> Handler:
-    """Answer 200 with these texts (after ``delay_s``)."""
+    """Answer 200 with these texts (after ``delay_s``: a simulated model latency)."""
 
     async def handle(request: web.Request) -> web.StreamResponse:
         if delay_s:
-            await asyncio.sleep(delay_s)
+            await asyncio.sleep(delay_s)  # the fake model's latency, not a wait of the test
         return web.json_response(completion(*texts))
 
     return handle
 
 
 def echo_n(prefix: str = "answer", *, delay_s: float = 0.0) -> Handler:
-    """Answer with as many choices as the request's ``n`` (default 1)."""
+    """Answer with as many choices as the request's ``n`` (default 1), after ``delay_s``
+    (a simulated model latency)."""
 
     async def handle(request: web.Request) -> web.StreamResponse:
         if delay_s:
-            await asyncio.sleep(delay_s)
+            await asyncio.sleep(delay_s)  # the fake model's latency, not a wait of the test
         n = int((await request.json()).get("n", 1))
         return web.json_response(completion(*(f"{prefix} {i}" for i in range(n))))
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.ports import free_port
+from tests.waiting import WaitError, wait_until_sync
 
 __all__ = [
     "GGUF_NAME",
@@ -155,20 +156,20 @@ def start_llama_server(
         log_path=log_path,
         startup_s=0.0,
     )
-    deadline = started + startup_timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise LlamaServerError(
-                f"llama server exited with {process.returncode}:\n{server.log_tail()}"
-            )
-        if _ready(server.base_url):
-            server.startup_s = time.monotonic() - started
-            return server
-        time.sleep(0.2)
-    stop_llama_server(server)
-    raise LlamaServerError(
-        f"llama server not ready after {startup_timeout_s:g} s:\n{server.log_tail()}"
-    )
+    try:
+        wait_until_sync(
+            lambda: _ready(server.base_url),
+            timeout_s=max(0.0, started + startup_timeout_s - time.monotonic()),
+            what=f"the llama server at {server.base_url}",
+            interval_s=0.2,
+            alive=process,
+            detail=server.log_tail,
+        )
+    except WaitError as exc:
+        stop_llama_server(server)
+        raise LlamaServerError(str(exc)) from exc
+    server.startup_s = time.monotonic() - started
+    return server
 
 
 def stop_llama_server(server: LlamaServer, timeout_s: float = 10.0) -> None:

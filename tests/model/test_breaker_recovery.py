@@ -21,7 +21,8 @@ from prometheus_client import CollectorRegistry
 
 from adapters.http.metrics import MetricsServer
 from adapters.openai.client import OpenAIClient
-from monitor.app.runner import Running, build_task
+from monitor.app.runner import Running
+from monitor.app.wiring import build_task
 from monitor.config import BudgetSettings, TaskSettings, load_settings
 from monitor.core.canon import as_async, get_canonicalizer
 from monitor.core.errors import ModelCallError
@@ -31,6 +32,7 @@ from monitor.engine.metrics import Metrics
 from monitor.engine.service import MonitorService, TaskRuntime
 from monitor.testing import InMemoryStore
 from tests.model.conftest import Endpoint, completion
+from tests.waiting import wait_until
 
 COOLDOWN_S = 0.5
 MARGIN_S = 3.0  # generous: the machine may be loaded; the bug gave *no* call for 100 s
@@ -80,15 +82,19 @@ async def test_calls_resume_within_the_cooldown_for_every_batch_size(
                 await client.sample(REQUEST, batch)
         assert client.circuit_state == "open"
         healthy.set()
-        healed = time.monotonic()
         result: list[str] = []
-        while time.monotonic() - healed < COOLDOWN_S + MARGIN_S:
-            try:
-                result = await client.sample(REQUEST, batch)
-                break
-            except Exception:
-                await asyncio.sleep(0.02)  # a worker taking the next item
-        assert result == ["4"] * batch, "the circuit never closed again"
+
+        async def answered() -> bool:  # as a worker taking the next item tries again
+            result[:] = await client.sample(REQUEST, batch)
+            return True
+
+        await wait_until(
+            answered,
+            timeout_s=COOLDOWN_S + MARGIN_S,
+            what="a call answered (the circuit closed again)",
+            ignore=(Exception,),
+        )
+        assert result == ["4"] * batch
         assert client.circuit_state == "closed"
         assert await client.sample(REQUEST, batch) == ["4"] * batch
     finally:
@@ -193,11 +199,16 @@ async def test_items_are_scored_again_and_health_is_honest(endpoint: Endpoint) -
                 assert 'relmon_circuit_open{model="m",task="arith"} 1.0' in await resp.text()
 
             healthy.set()
-            healed, scored = time.monotonic(), service.stats.scored
-            while service.stats.scored == scored:
-                assert time.monotonic() - healed < COOLDOWN_S + MARGIN_S, "never scored again"
+            scored = service.stats.scored
+
+            async def scored_again() -> bool:  # one more item each time
+                nonlocal i
                 await offer(i := i + 1)
-                await asyncio.sleep(0.02)
+                return service.stats.scored != scored
+
+            await wait_until(
+                scored_again, timeout_s=COOLDOWN_S + MARGIN_S, what="an item scored again"
+            )
             for _ in range(5):  # and it stays that way
                 await offer(i := i + 1)
             assert service.stats.scored >= scored + 6
@@ -301,13 +312,21 @@ async def test_the_configured_cooldown_decides_when_the_circuit_closes_again(
         healthy.set()
         opened = arrivals[-1]  # the breaker opened after this request's answer
         result: list[str] = []
-        while not result:
-            assert time.monotonic() - opened < 15.0, "the circuit never closed again"
+
+        async def answered() -> bool:
             try:
-                result = await client.sample(REQUEST, 1)
+                result[:] = await client.sample(REQUEST, 1)
             except ModelCallError as exc:
                 assert "circuit open" in str(exc)
-                await asyncio.sleep(0.05)
+                return False
+            return True
+
+        await wait_until(
+            answered,
+            timeout_s=max(0.0, opened + 15.0 - time.monotonic()),
+            what="the circuit to close again",
+            interval_s=0.05,
+        )
         assert result == ["4"]
         assert len(arrivals) == 3, "only the trial call went through"
         assert arrivals[2] - opened >= cooldown, "a call went through before the cool-down"

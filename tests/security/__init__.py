@@ -19,10 +19,9 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.ports import free_port
+from tests.waiting import wait_until_sync
 
 TOKEN = "security-test-token-0123456789"
 PROMPT = "PROMPT-quokka-4412: write to alice.quokka@example.com or call +44 20 7946 0958"
@@ -137,15 +137,15 @@ log_format: json
                 stderr=err,
                 env=env,
             )
-        wait_for(self._ready, deadline_s, "relmon did not become ready")  # every port is up
+        wait_until_sync(  # every port is up
+            lambda: get(self.url("metrics", "/readyz"))[0] == 200,
+            timeout_s=deadline_s,
+            what="relmon's /readyz to answer 200",
+            alive=self.proc,
+            ignore=(OSError,),
+            detail=lambda: self.stderr()[-3000:],
+        )
         return self
-
-    def _ready(self) -> bool:
-        assert self.proc is not None and self.proc.poll() is None, self.stderr()
-        try:
-            return get(self.url("metrics", "/readyz"))[0] == 200
-        except OSError:
-            return False
 
     def stop(self) -> int:
         proc, self.proc = self.proc, None
@@ -217,14 +217,6 @@ def log_lines(text: str) -> list[dict[str, Any]]:
         assert isinstance(obj, dict), line[:200]
         out.append(obj)
     return out
-
-
-def wait_for(predicate: Callable[[], bool], timeout_s: float = 30.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(what or "condition not met in time")
-        time.sleep(0.05)
 
 
 def get(url: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:

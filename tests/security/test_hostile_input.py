@@ -24,10 +24,10 @@ from tests.security import (
     log_lines,
     post,
     raw_http,
-    wait_for,
 )
+from tests.waiting import wait_until_sync
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 REJECTED = {"source": "mirror", "decision": "rejected"}
@@ -57,7 +57,7 @@ def item_id(relmon: RelmonProcess) -> str:
             found.append(json.loads(body)["item_id"])
         return bool(found)
 
-    wait_for(waiting, 60, "the review item never appeared")
+    wait_until_sync(waiting, timeout_s=60, what="the review item chat:hostile-item")
     return found[0]
 
 
@@ -66,10 +66,10 @@ def _rejected_after(relmon: RelmonProcess, send: object) -> None:
     before = relmon.metric("relmon_traffic_events_total", **REJECTED)
     assert callable(send)
     assert send() == 202
-    wait_for(
+    wait_until_sync(
         lambda: relmon.metric("relmon_traffic_events_total", **REJECTED) == before + 1,
-        30,
-        "the rejection was not counted",
+        timeout_s=30,
+        what="the rejection to be counted",
     )
 
 

@@ -17,10 +17,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.security import ModelThread, RelmonProcess, clean_log, raw_http, wait_for
+from tests.security import ModelThread, RelmonProcess, clean_log, raw_http
 from tests.security.test_hostile_input import HEADERS, VALUE
+from tests.waiting import wait_until_sync
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 REJECTED = {"source": "proxy", "decision": "rejected"}
 
@@ -81,10 +82,10 @@ def test_request_id_that_is_not_utf8_is_forwarded_and_a_counted_rejection(
     status, answer = raw_http(proxy.ports["traffic"], request)
     assert status == 200, answer  # the upstream's answer reached the client unchanged
     assert b"choices" in answer
-    wait_for(
+    wait_until_sync(
         lambda: proxy.metric("relmon_traffic_events_total", **REJECTED) == before + 1,
-        30,
-        "the rejection was not counted",
+        timeout_s=30,
+        what="the rejection to be counted",
     )
 
 
@@ -118,8 +119,8 @@ def test_the_proxy_still_forwards_and_samples_afterwards(proxy: RelmonProcess) -
     )
     status, answer = raw_http(proxy.ports["traffic"], request)
     assert status == 200 and b"choices" in answer
-    wait_for(
+    wait_until_sync(
         lambda: proxy.metric("relmon_traffic_events_total", **sampled) == before + 1,
-        30,
-        "the request was not sampled",
+        timeout_s=30,
+        what="the request to be sampled",
     )

@@ -23,10 +23,10 @@ from tests.security import (
     get,
     log_lines,
     raw_http,
-    wait_for,
 )
+from tests.waiting import wait_until_sync
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 BEARER = b"secret-xyz-credential"
 MALFORMED = [
@@ -55,7 +55,7 @@ def _scored(relmon: RelmonProcess) -> float:
 def _run_traffic(relmon: RelmonProcess, n: int, prefix: str) -> None:
     for i in range(n):
         assert relmon.mirror(PROMPT, f"{prefix}-{i}") == 202
-    wait_for(lambda: _scored(relmon) >= n, 60, "items were not scored")
+    wait_until_sync(lambda: _scored(relmon) >= n, timeout_s=60, what=f"{n} items scored")
 
 
 @pytest.fixture(scope="module")

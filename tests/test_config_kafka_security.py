@@ -287,6 +287,7 @@ def test_check_config_names_the_kafka_field(
         if p.id in ("sasl-without-credentials", "ca-file-not-pem", "cert-without-key")
     ],
 )
+@pytest.mark.integration  # runs a relmon process
 def test_run_rejects_the_same_kafka_settings_before_connecting(
     tmp_path: Path, pki: Pki, text: str, expected: list[str]
 ) -> None:

@@ -16,6 +16,8 @@ from monitor.app.runner import start_service
 from monitor.config import load_settings
 from tests.ports import free_port
 
+pytestmark = pytest.mark.integration  # runs `relmon demo` as a process
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 

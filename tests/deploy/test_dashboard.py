@@ -24,6 +24,14 @@ ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "relmon.json"
 RULE_FILES = sorted((ROOT / "deploy" / "prometheus").glob("*.rules.yml"))
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+NAMESPACE = "relmon-demo"
+CHOSEN = {
+    "cluster": ".*",  # no cluster label here: "All"
+    "namespace": NAMESPACE,
+    "job": "relmon",
+    "model": "sim-arith-1",
+    "task": "arithmetic",
+}
 
 
 def dashboard() -> dict[str, Any]:
@@ -40,28 +48,55 @@ def queries() -> list[tuple[str, str]]:
     return [(p["title"], t["expr"]) for p in panels() for t in p["targets"]]
 
 
-def concrete(expr: str, rate_interval: str = "10s") -> str:
-    """The query as Grafana sends it with every model and task selected."""
-    return (
-        expr.replace("$__rate_interval", rate_interval)
-        .replace("$model", ".*")
-        .replace("$task", ".*")
-    )
+VARIABLES = ("cluster", "namespace", "job", "model", "task")
+ALL = dict.fromkeys(VARIABLES, ".*")
+"""Every variable at "All" (its allValue)."""
+
+
+def concrete(expr: str, values: dict[str, str] | None = None, rate_interval: str = "10s") -> str:
+    """The query as Grafana sends it: ``$__rate_interval`` and every variable substituted
+    (``values``; by default every variable at "All")."""
+    out = expr.replace("$__rate_interval", rate_interval)
+    for name, value in (values or ALL).items():
+        out = out.replace(f"${name}", value)
+    assert "$" not in out, out
+    return out
 
 
 # ----------------------------------------------------------------- conventions
 
 
-def test_datasource_model_and_task_variables() -> None:
+def test_datasource_cluster_namespace_job_model_and_task_variables() -> None:
+    names = [v["name"] for v in dashboard()["templating"]["list"]]
+    assert names == ["datasource", *VARIABLES]
     variables = {v["name"]: v for v in dashboard()["templating"]["list"]}
     assert variables["datasource"]["type"] == "datasource"
     assert variables["datasource"]["query"] == "prometheus"
-    for name in ("model", "task"):
+    for i, name in enumerate(VARIABLES):
         v = variables[name]
         assert v["type"] == "query" and v["datasource"] == DATASOURCE
         assert v["multi"] and v["includeAll"] and v["allValue"] == ".*"
         assert "label_values(relmon_reliability_target" in v["definition"]
         assert v["definition"].endswith(f", {name})")
+        # each variable offers the values under the ones chosen before it
+        for before in VARIABLES[:i]:
+            assert f'{before}=~"${before}"' in v["definition"], (name, before)
+
+
+def test_every_panel_says_no_data_yet_and_the_level_panels_have_thresholds() -> None:
+    for p in panels():
+        assert p["fieldConfig"]["defaults"]["noValue"] == "no data yet", p["title"]
+    by_title = {p["title"]: p for p in panels()}
+    for title in (
+        "Reliability level, lower bound and target",
+        "Certified margin over target",
+        "Realised coverage vs 1 - alpha",
+    ):
+        steps = by_title[title]["fieldConfig"]["defaults"]["thresholds"]["steps"]
+        assert len(steps) >= 2 and steps[0]["color"] == "red", title
+    # The margin panel's threshold is the task's own target: lower bound - objective >= 0.
+    margin = by_title["Certified margin over target"]
+    assert "- on (namespace, job, model, task) slo:objective:ratio" in margin["targets"][0]["expr"]
 
 
 def test_every_panel_and_target_uses_the_datasource_variable() -> None:
@@ -84,12 +119,14 @@ def test_every_panel_has_a_unit_title_description_and_unique_id() -> None:
         assert grid["x"] + grid["w"] <= 24, p["title"]
 
 
-def test_rates_use_rate_interval_and_relmon_series_are_filtered_by_model_and_task() -> None:
+def test_rates_use_rate_interval_and_every_series_is_filtered_by_the_variables() -> None:
+    deployment = 'cluster=~"$cluster", namespace=~"$namespace", job=~"$job"'
     for title, expr in queries():
         for window in re.findall(r"\b(?:rate|irate|increase)\([^\[]*\[([^\]]+)\]", expr):
             assert window == "$__rate_interval", (title, expr)
-        for selector in re.findall(r"\b((?:relmon_|slo:)[a-z_:0-9]+)(\{[^}]*\})?", expr):
+        for selector in re.findall(r"\b((?:relmon_|relmon:|slo:)[a-z_:0-9]+)(\{[^}]*\})?", expr):
             name, labels = selector
+            assert labels.startswith("{" + deployment), (title, name)
             if name in {
                 "relmon_traffic_events_total",
                 "relmon_budget_utilization",
@@ -97,6 +134,10 @@ def test_rates_use_rate_interval_and_relmon_series_are_filtered_by_model_and_tas
             }:
                 continue  # no model or task label on these
             assert 'model=~"$model"' in labels and 'task=~"$task"' in labels, (title, name)
+        # sums keep the deployment apart: the same model and task in two namespaces
+        for clause in re.findall(r"\bby \(([^)]*)\)", expr):
+            if clause != "le":
+                assert "namespace, job" in clause, (title, clause)
 
 
 def test_every_query_parses_with_promtool(tmp_path: Path) -> None:
@@ -158,7 +199,13 @@ async def test_every_panel_query_returns_data_from_a_live_demo(tmp_path: Path) -
                 "scrape_configs": [
                     {
                         "job_name": "relmon",
-                        "static_configs": [{"targets": [f"127.0.0.1:{ports['metrics']}"]}],
+                        "static_configs": [
+                            {
+                                "targets": [f"127.0.0.1:{ports['metrics']}"],
+                                # the labels a Kubernetes scrape attaches
+                                "labels": {"namespace": NAMESPACE, "pod": "relmon-demo-0"},
+                            }
+                        ],
                     }
                 ],
             }
@@ -178,6 +225,7 @@ async def test_every_panel_query_returns_data_from_a_live_demo(tmp_path: Path) -
             await wait_ready(f"http://127.0.0.1:{ports['metrics']}/readyz", demo, 60)
             await wait_ready(f"{base}/-/ready", prom, 60)
             counts = await _query_until_all_panels_have_data(base, deadline_s=300)
+            counts |= await _query_with_variables_chosen(base)
             # The variables' label_values() queries find the demo's model and task.
             async with (
                 aiohttp.ClientSession() as session,
@@ -202,9 +250,10 @@ async def _query_until_all_panels_have_data(base: str, deadline_s: float) -> dic
     """Wait until verdicts flow, then query every panel target until each returns series
     with at least one number (not NaN); fail on any query error.
 
-    Two exceptions, each asserted rather than ignored: realised coverage is 0/0 (NaN)
-    while no coverage check has been counted at all; the Kafka row is empty because the
-    demo reads no Kafka (tests/kafka/test_dashboard_kafka.py checks it on a broker).
+    No query answers NaN: a ratio over nothing has no point ("no data yet"). Two
+    exceptions, each asserted rather than ignored: realised coverage has no point while
+    no coverage check has been counted at all; the Kafka row is empty because the demo
+    reads no Kafka (tests/kafka/test_dashboard_kafka.py checks it on a broker).
     """
     end = time.monotonic() + deadline_s
     report: dict[str, str] = {}
@@ -237,7 +286,8 @@ async def _query_until_all_panels_have_data(base: str, deadline_s: float) -> dic
                     continue
                 numbers = [r for r in result if r["value"][1] not in {"NaN"}]
                 report[f"{title} :: {expr}"] = f"{len(result)} series, {len(numbers)} with a number"
-                if not result or (not numbers and not (no_checks and "coverage_" in expr)):
+                assert len(numbers) == len(result), (title, "NaN", result)  # no data, never NaN
+                if not numbers and not (no_checks and "coverage_" in expr):
                     missing.append(title)
             return not missing
 
@@ -251,4 +301,38 @@ async def _query_until_all_panels_have_data(base: str, deadline_s: float) -> dic
             interval_s=2,
             detail=lambda: f"panels without data: {missing}",
         )
+    return report
+
+
+async def _query_with_variables_chosen(base: str) -> dict[str, str]:
+    """Every panel's query with the variables set to the demo's deployment answers, and
+    every series it answers belongs to it; another namespace's answers nothing."""
+    report: dict[str, str] = {}
+    async with aiohttp.ClientSession() as session:
+
+        async def query(expr: str) -> list[dict[str, Any]]:
+            async with session.get(f"{base}/api/v1/query", params={"query": expr}) as resp:
+                body = await resp.json()
+            assert resp.status == 200 and body["status"] == "success", (expr, body)
+            result: list[dict[str, Any]] = body["data"]["result"]
+            return result
+
+        for title, expr in queries():
+            if "relmon_kafka_" in expr:
+                continue
+            chosen = concrete(expr, CHOSEN)
+            result = await query(chosen)
+            if "coverage_" not in expr:
+                assert result, (title, chosen)
+            for series in result:
+                assert series["metric"].get("namespace", NAMESPACE) == NAMESPACE, series
+                assert series["metric"].get("task", "arithmetic") == "arithmetic", series
+            values = ", ".join(
+                f"{{{', '.join(f'{k}={v}' for k, v in sorted(r['metric'].items()))}}} "
+                f"{float(r['value'][1]):.4g}"
+                for r in result[:2]
+            )
+            report[f"{title} :: {chosen}"] = values
+            other = concrete(expr, {**CHOSEN, "namespace": "other-namespace"})
+            assert await query(other) == [], (title, other)
     return report

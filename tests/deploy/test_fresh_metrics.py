@@ -1,4 +1,5 @@
-"""A fresh ``relmon run``, before any traffic, serves every series an alert needs, at 0."""
+"""A fresh ``relmon run``, before any traffic, serves every series an alert needs, at 0,
+and no reliability level or lower bound (no estimate before the first verdict)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,13 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from adapters.openai.client import OUTCOMES
-from monitor.engine.metrics import ITEM_OUTCOMES, TOP_ANSWER_OUTCOMES, VERDICT_KINDS, Metrics
+from monitor.engine.metrics import (
+    ITEM_OUTCOMES,
+    REJECTED_VERDICT_REASONS,
+    TOP_ANSWER_OUTCOMES,
+    VERDICT_KINDS,
+    Metrics,
+)
 from tests.e2e.test_run_drain import TOKEN, free_port, wait_ready, write_config
 
 LABELS = {"model": "sim-arith-1", "task": "arithmetic"}
@@ -60,18 +67,32 @@ async def test_fresh_run_serves_every_series_at_zero(tmp_path: Path) -> None:
         return samples[key]
 
     # Every family the service declares has series, except the per-partition Kafka lag
-    # (this run has no Kafka source, so there is no partition to name).
+    # (this run has no Kafka source, so there is no partition to name) and the level and
+    # its lower bound: no estimate exists before the first verdict, and a 0 would read
+    # as "reliability 0" (and page).
     registry = CollectorRegistry()
     Metrics(registry)
     declared = {family.name for family in registry.collect()}
     families = {f.name for f in text_string_to_metric_families(text)}
-    assert declared - {"relmon_kafka_consumer_lag"} <= families
+    no_series_yet = {
+        "relmon_kafka_consumer_lag",
+        "relmon_reliability_level",
+        "relmon_reliability_lower_bound",
+    }
+    assert declared - no_series_yet <= families
+    assert "relmon_reliability_level" not in names
+    assert "relmon_reliability_lower_bound" not in names
+    # No series under empty model and task labels (a verdict that names no known item is
+    # counted by reason alone).
+    assert not any(dict(labels).get("model") == "" for _, labels in samples)
     assert not any(n.endswith("_created") for n in names)
 
     for outcome in ITEM_OUTCOMES:
         assert value("relmon_items_total", outcome=outcome) == 0
     for verdict in VERDICT_KINDS:
         assert value("relmon_reviews_total", verdict=verdict) == 0
+    for reason in REJECTED_VERDICT_REASONS:
+        assert samples[("relmon_verdicts_rejected_total", (("reason", reason),))] == 0
     for outcome in TOP_ANSWER_OUTCOMES:
         assert value("relmon_top_answers_total", outcome=outcome) == 0
     for outcome in OUTCOMES:
@@ -91,8 +112,6 @@ async def test_fresh_run_serves_every_series_at_zero(tmp_path: Path) -> None:
         assert value("relmon_conformal_threshold", alpha=alpha) == math.inf  # k > n = 0
         assert value("relmon_coverage_target", alpha=alpha) == pytest.approx(1 - float(alpha))
     for gauge in (
-        "relmon_reliability_level",
-        "relmon_reliability_lower_bound",
         "relmon_calibration_items",
         "relmon_calibration_effective_items",
         "relmon_review_queue_depth",

@@ -24,7 +24,16 @@ from monitor.config import default_state_dir, load_settings
 from monitor.core.errors import ConfigError
 from monitor.engine.metrics import Metrics
 
-DOCUMENTED_CANONICALIZERS = ("numeric", "mcq", "text", "json", "regex", "embedding", "llm")
+DOCUMENTED_CANONICALIZERS = (
+    "numeric",
+    "mcq",
+    "text",
+    "json",
+    "regex",
+    "tool_call",
+    "embedding",
+    "llm",
+)
 
 TASK = """
 tasks:

@@ -207,7 +207,8 @@ async def test_not_ready_until_every_listener_is_up(
 
 
 class FlakySource:
-    """Its first ``run_failures`` runs fail, then its first ``restart_failures`` restarts."""
+    """Its first ``run_failures`` runs fail, then its first ``restart_failures`` restarts;
+    a run that does not fail runs until it is stopped (it stops itself, at once)."""
 
     def __init__(self, run_failures: int, restart_failures: int) -> None:
         self.run_failures, self.restart_failures = run_failures, restart_failures
@@ -219,6 +220,7 @@ class FlakySource:
         if self.run_failures:
             self.run_failures -= 1
             raise RelmonError("lost the broker")
+        self.stopped = True  # what stop() does to a running source; then run() returns
 
     async def restart(self) -> None:
         self.restart_attempts += 1
@@ -249,24 +251,85 @@ async def test_supervise_counts_nothing_for_a_source_stopped_while_down() -> Non
     assert (source.runs, source.restart_attempts, calls) == (1, 0, [])
 
 
-async def test_supervise_does_not_restart_after_an_error_that_is_not_relmons() -> None:
-    """Only a RelmonError (a broker gone, a connection refused) is restarted; a bug is
-    not retried forever: it ends the task with its traceback."""
+@pytest.mark.timeout(120)
+async def test_supervise_restarts_after_an_error_that_is_not_relmons() -> None:
+    """A source that stops anyway is restarted and counted, whatever its run raised: an
+    error that is not a RelmonError (a bug) too (it once ended the task for good, with
+    /readyz still 200 and nothing counted). It is reported down until it runs again."""
     source = FlakySource(run_failures=0, restart_failures=0)
+    real_run = source.run
+    events: list[str] = []
 
-    async def broken() -> None:
-        source.runs += 1
-        raise KeyError("a bug")
+    async def broken_once() -> None:
+        if source.runs == 0:
+            source.runs += 1
+            raise KeyError("a bug")
+        await real_run()
 
-    source.run = broken  # type: ignore[method-assign]
+    source.run = broken_once  # type: ignore[method-assign]
+    await asyncio.wait_for(
+        supervise(
+            source,  # type: ignore[arg-type]
+            max_delay_s=0.1,
+            on_restart=lambda: events.append("restarted"),
+            on_down=lambda: events.append("down"),
+        ),
+        60,
+    )
+    assert (source.runs, source.restart_attempts) == (2, 1)
+    assert events == ["down", "restarted"]
+
+
+@pytest.mark.timeout(120)
+async def test_supervise_restarts_a_source_whose_run_returns_while_not_stopped() -> None:
+    source = FlakySource(run_failures=0, restart_failures=0)
+    returns = [True, False]  # the first run returns without being stopped
+    real_run = source.run
+    events: list[str] = []
+
+    async def returns_early() -> None:
+        if returns.pop(0):
+            source.runs += 1
+            return
+        await real_run()
+
+    source.run = returns_early  # type: ignore[method-assign]
+    await asyncio.wait_for(
+        supervise(
+            source,  # type: ignore[arg-type]
+            max_delay_s=0.1,
+            on_restart=lambda: events.append("restarted"),
+            on_down=lambda: events.append("down"),
+        ),
+        60,
+    )
+    assert (source.runs, source.restart_attempts, events) == (2, 1, ["down", "restarted"])
+
+
+@pytest.mark.timeout(120)
+async def test_supervise_keeps_trying_a_restart_that_raises_a_bug() -> None:
+    source = FlakySource(run_failures=1, restart_failures=0)
+    real_restart = source.restart
+
+    async def restart() -> None:
+        if source.restart_attempts == 0:
+            source.restart_attempts += 1
+            raise AttributeError("a bug in restart")
+        await real_restart()
+
+    source.restart = restart  # type: ignore[method-assign]
     calls: list[int] = []
-    with pytest.raises(KeyError, match="a bug"):
-        await supervise(source, on_restart=lambda: calls.append(1))  # type: ignore[arg-type]
-    assert (source.runs, source.restart_attempts, calls) == (1, 0, [])
+    await asyncio.wait_for(
+        supervise(source, max_delay_s=0.1, on_restart=lambda: calls.append(1)),  # type: ignore[arg-type]
+        60,
+    )
+    assert (source.runs, source.restart_attempts, calls) == (2, 2, [1])
 
 
 async def test_supervise_does_not_restart_a_source_used_out_of_order() -> None:
-    """A StateError is a RelmonError, but a bug (run before start), not an outage."""
+    """A StateError is a RelmonError, but a bug in relmon's wiring (run before start)
+    that no restart mends: it ends the task with its traceback, and the source stays
+    reported down (``on_down``), so /readyz says so instead of staying 200."""
     source = FlakySource(run_failures=0, restart_failures=0)
 
     async def not_started() -> None:
@@ -274,9 +337,46 @@ async def test_supervise_does_not_restart_a_source_used_out_of_order() -> None:
         raise StateError("not started")
 
     source.run = not_started  # type: ignore[method-assign]
+    downs: list[int] = []
     with pytest.raises(StateError, match="not started"):
-        await supervise(source)  # type: ignore[arg-type]
-    assert (source.runs, source.restart_attempts) == (1, 0)
+        await supervise(source, on_down=lambda: downs.append(1))  # type: ignore[arg-type]
+    assert (source.runs, source.restart_attempts, downs) == (1, 0, [1])
+
+
+class StubSource:
+    """A source for :meth:`Running.not_ready`: only its name, topic and connection."""
+
+    source_name = "kafka"
+    topic = "t"
+
+    def __init__(self) -> None:
+        self.connected = True
+
+
+def test_not_ready_names_a_source_that_is_down_or_not_connected() -> None:
+    from types import SimpleNamespace
+
+    from monitor.app.runner import Running
+
+    service = SimpleNamespace(loaded=True, accepting=True, circuits_open=lambda: [])
+    source = StubSource()
+    running = Running(
+        settings=None,  # type: ignore[arg-type]
+        service=service,  # type: ignore[arg-type]
+        registry=CollectorRegistry(),
+        store=None,  # type: ignore[arg-type]
+        metrics_server=None,
+        review_server=None,
+        traffic_server=None,
+        sources=[source],  # type: ignore[list-item]
+        started=True,
+    )
+    assert running.not_ready() == []
+    running.down.add("kafka")  # supervise's on_down: its run stopped anyway
+    assert running.not_ready() == ["StubSource stopped and is being restarted"]
+    running.down.discard("kafka")  # on_restart
+    source.connected = False
+    assert running.not_ready() == ["Kafka broker not reachable (StubSource, topic t)"]
 
 
 def test_init_source_creates_restarts_for_every_source_and_traffic_only_for_traffic() -> None:

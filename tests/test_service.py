@@ -240,18 +240,38 @@ async def test_hash_sampling_is_deterministic_and_near_the_rate() -> None:
 
 
 async def test_unknown_verdicts_and_invalid_ranks() -> None:
-    service, store, _, _ = make_service(client=FakeModelClient(lambda q, i: "5"))
+    service, store, _, registry = make_service(client=FakeModelClient(lambda q, i: "5"))
+    labels = {"model": "sim-1", "task": "arith"}
+
+    def count(name: str, **extra: str) -> float | None:
+        return registry.get_sample_value(name, {**extra})
+
     assert (await service.apply_verdict(Verdict("nope", (1,)))).status == "unknown"
+    # No item, so no model or task: counted by reason alone, never under empty labels.
+    assert count("relmon_verdicts_rejected_total", reason="unknown") == 1
+    service.reject_verdict("invalid", "not JSON")  # what a review backend reports
+    assert count("relmon_verdicts_rejected_total", reason="invalid") == 1
+    assert count("relmon_reviews_total", model="", task="", verdict="unknown") is None
+    assert count("relmon_reviews_total", model="", task="", verdict="invalid") is None
     service.start()
     service.offer(parse_event(event(1)), "test")
     await service.drain()
     await service.stop(1)
     item = store.pending()[0]
     assert (await service.apply_verdict(Verdict(item.item_id, (5,)))).status == "invalid"
+    # An attributable invalid verdict keeps its real labels.
+    assert count("relmon_reviews_total", **labels, verdict="invalid") == 1
+    # No verdict applied yet: no level, no lower bound (not a 0), though the window exists.
+    service.publish()
+    assert count("relmon_reliability_level", **labels) is None
+    assert count("relmon_reliability_lower_bound", **labels) is None
     outcome = await service.apply_verdict(
         Verdict(item.item_id, none_of_these=True, correct_answer="5.0")
     )
     assert outcome.status == "applied" and outcome.score == 1.0  # typed answer found at rank 1
+    # The first verdict creates the level and its bound.
+    assert count("relmon_reliability_level", **labels) == pytest.approx(0.5)
+    assert 0 <= (count("relmon_reliability_lower_bound", **labels) or -1) <= 0.5
     snap = service.snapshot("sim-1", "arith")
     assert snap.n == 1 and snap.reliability_level == pytest.approx(0.5)  # 1 / (n + 1)
     assert snap.thresholds[0.3] == math.inf  # k = ceil(2 * 0.7) = 2 > n = 1
@@ -264,6 +284,8 @@ def test_deeply_nested_json_is_a_rejected_event_not_a_crash() -> None:
     with pytest.raises(InputError, match="nested too deeply"):
         parse_event(b"[" * 100_000)
     with pytest.raises(InputError, match="not valid JSON"):
+        parse_verdict(b"[" * 60_000)  # deep, and under the verdict's size limit
+    with pytest.raises(InputError, match="over the limit"):
         parse_verdict(b"[" * 100_000)
 
 
@@ -272,9 +294,17 @@ def test_every_known_series_exists_at_zero_before_traffic() -> None:
     labels = {"model": "sim-1", "task": "arith"}
     for outcome in ("scored", "abandoned"):
         assert registry.get_sample_value("relmon_items_total", {**labels, "outcome": outcome}) == 0
-    for verdict in ("accepted", "none", "duplicate", "unknown", "invalid"):
+    for verdict in ("accepted", "none", "duplicate", "invalid"):
         value = registry.get_sample_value("relmon_reviews_total", {**labels, "verdict": verdict})
         assert value == 0
+    for reason in ("unknown", "invalid"):
+        value = registry.get_sample_value("relmon_verdicts_rejected_total", {"reason": reason})
+        assert value == 0
+    # No series under empty model and task labels; the level is a gauge of an estimate and
+    # does not exist before the first verdict (a counter's 0 is true, a level's 0 is not).
+    assert not any(s.labels.get("model") == "" for m in registry.collect() for s in m.samples)
+    assert registry.get_sample_value("relmon_reliability_level", labels) is None
+    assert registry.get_sample_value("relmon_reliability_lower_bound", labels) is None
     for outcome in ("accepted", "rejected"):
         value = registry.get_sample_value(
             "relmon_top_answers_total", {**labels, "outcome": outcome}
@@ -300,7 +330,7 @@ async def test_model_label_comes_from_configuration_not_the_request() -> None:
     models = {
         s.labels["model"] for m in registry.collect() for s in m.samples if "model" in s.labels
     }
-    assert models == {"sim-1", ""}  # "": verdicts for unknown items (no model to name)
+    assert models == {"sim-1"}  # and no "" (unknown verdicts are counted by reason alone)
     assert (
         registry.get_sample_value(
             "relmon_items_total", {"model": "sim-1", "task": "arith", "outcome": "scored"}

@@ -223,3 +223,16 @@ def test_level_and_bound_fall_together_after_a_long_pause() -> None:
             weighted_reliability_level(scores, w, test_weight=1.0),
         )
     )
+
+
+def test_a_verdict_sampled_after_now_counts_as_fresh_not_fresher() -> None:
+    """Replicas' clocks differ: an item sampled 52 days "in the future" of this replica's
+    clock (it once overflowed 2**1250) weighs what a fresh item weighs."""
+    ahead = 1_800_000_000.0
+    now = ahead - 52 * 86_400
+    window = CalibrationWindow(alphas=(0.1, 0.2), max_items=100, half_life_s=3600.0)
+    window.add("a", 1.0, 1.0, ahead)
+    window.add("b", 3.0, 1.0, ahead - 60.0)
+    skewed = window.snapshot(now)
+    assert skewed == window.snapshot(ahead)
+    assert skewed.n == 2 and 0.0 < skewed.reliability_level < 1.0

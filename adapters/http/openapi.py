@@ -12,6 +12,13 @@ from __future__ import annotations
 from typing import Any
 
 from monitor import __version__
+from monitor.core.review import (
+    MAX_ACCEPTED_RANKS,
+    MAX_CORRECT_ANSWER_CHARS,
+    MAX_ITEM_ID_CHARS,
+    MAX_REVIEWER_CHARS,
+    MAX_VERDICT_BYTES,
+)
 
 __all__ = ["openapi_document"]
 
@@ -21,7 +28,10 @@ _ITEM_ID = {
     "in": "path",
     "required": True,
     "schema": {"type": "string", "minLength": 1},
-    "description": "The review item's id, `<task>:<request id>`.",
+    "description": (
+        f"The review item's id, `<task>:<request id>`; a verdict for an id over "
+        f"{MAX_ITEM_ID_CHARS} characters is refused (413)."
+    ),
 }
 _SESSION = {
     "name": "session",
@@ -29,6 +39,14 @@ _SESSION = {
     "required": True,
     "schema": {"type": "string", "minLength": 1, "maxLength": 64},
     "description": "The review page's session (1 to 64 printable characters).",
+}
+
+
+_REVIEWER = {
+    "type": "string",
+    "maxLength": MAX_REVIEWER_CHARS,
+    "description": "Your name; a reviewer identified by the token or the proxy is recorded "
+    "as such instead.",
 }
 
 
@@ -43,11 +61,12 @@ def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
 def _errors(*codes: int) -> dict[str, Any]:
     text = {
         400: "Invalid input (a one-line message).",
-        401: "Missing or wrong bearer token.",
+        401: "Missing or wrong bearer token (review.auth: proxy: not from a trusted proxy, "
+        "or no reviewer header).",
         403: "Another session gave this verdict: it stands.",
         404: "No such review item.",
         409: "Too late: the verdict has been applied, or the lease is not this session's.",
-        413: "Body over 64 KiB.",
+        413: f"Body over {MAX_VERDICT_BYTES} bytes, or a field over its limit (named).",
     }
     return {str(c): _json(_ref("Error"), text[c]) for c in codes}
 
@@ -92,10 +111,11 @@ _SCHEMAS: dict[str, Any] = {
                     "accepted_ranks": {
                         "type": "array",
                         "minItems": 1,
+                        "maxItems": MAX_ACCEPTED_RANKS,
                         "items": {"type": "integer", "minimum": 1},
                     },
                     "none_of_these": {"type": "boolean", "enum": [False]},
-                    "reviewer": {"type": "string", "maxLength": 128},
+                    "reviewer": _REVIEWER,
                 },
             },
             {
@@ -103,8 +123,8 @@ _SCHEMAS: dict[str, Any] = {
                 "required": ["none_of_these"],
                 "properties": {
                     "none_of_these": {"type": "boolean", "enum": [True]},
-                    "correct_answer": {"type": "string"},
-                    "reviewer": {"type": "string", "maxLength": 128},
+                    "correct_answer": {"type": "string", "maxLength": MAX_CORRECT_ANSWER_CHARS},
+                    "reviewer": _REVIEWER,
                 },
             },
         ],
@@ -162,6 +182,26 @@ def _review_paths() -> dict[str, Any]:
 
 def _review_api_paths() -> dict[str, Any]:
     return {
+        "/api/whoami": {
+            "get": {
+                "summary": "How this API authenticates, and the reviewer it names (or null).",
+                "security": _BEARER,
+                "responses": {
+                    "200": _json(
+                        {
+                            "type": "object",
+                            "required": ["auth", "reviewer"],
+                            "properties": {
+                                "auth": {"type": "string", "enum": ["token", "proxy"]},
+                                "reviewer": {"type": "string", "nullable": True},
+                            },
+                        },
+                        "The reviewer named by the token or the proxy; null: a shared token.",
+                    ),
+                    **_errors(401),
+                },
+            }
+        },
         "/api/reviews/next": {
             "get": {
                 "summary": "The oldest item waiting for a verdict (leased with a session).",

@@ -2,7 +2,12 @@
 ``/review``; docs/review.md).
 
 Every ``/api`` route needs ``Authorization: Bearer <token>`` (compared in constant time;
-401 with ``WWW-Authenticate`` otherwise; the token is never logged)::
+401 with ``WWW-Authenticate`` otherwise; the token is never logged), or with
+``review.auth: proxy`` a trusted auth proxy's reviewer header
+(:mod:`adapters.http.review_auth`); a reviewer so identified is recorded in every
+verdict in place of the self-typed ``reviewer``::
+
+    GET  /api/whoami                 200 {"auth": "token"|"proxy", "reviewer": name|null}
 
     GET  /api/reviews/next[?task=T]  200 the oldest item waiting for a verdict, 204 if none
     GET  /api/reviews/{id}           200 the item plus "verdict" (null if none), 404 unknown
@@ -11,7 +16,8 @@ Every ``/api`` route needs ``Authorization: Bearer <token>`` (compared in consta
                                      optional "reviewer" -> 200 {"status", "score"} for
                                      "applied" and "duplicate" (posting twice is not an
                                      error), 404 unknown item, 400 invalid (one-line
-                                     message), 413 over 64 KiB
+                                     message), 413 over 64 KiB or a field over its
+                                     limit (monitor.core.review, docs/review.md)
 
 ``GET /openapi.json`` (no token) describes all of it (:mod:`adapters.http.openapi`).
 ``score`` is the item's rank score, the string ``"inf"`` when no candidate was accepted.
@@ -24,7 +30,6 @@ reviewers are not handed the same item at the same time.
 
 from __future__ import annotations
 
-import hmac
 import math
 from collections.abc import Awaitable, Callable
 from typing import Protocol
@@ -34,15 +39,21 @@ from aiohttp import web
 
 from adapters.http import expect as http_expect
 from adapters.http.openapi import openapi_document
-from adapters.http.review_page import ReviewPage
+from adapters.http.review_auth import ReviewAuth, remember_reviewer, reviewer_of, with_reviewer
+from adapters.http.review_page import ReviewPage, verdict_error
 from monitor.core.errors import ConfigError, InputError, RelmonError, StateError
-from monitor.core.review import ReviewItem, Verdict, parse_verdict
+from monitor.core.review import (
+    MAX_VERDICT_BYTES,
+    ReviewItem,
+    Verdict,
+    check_item_id_size,
+    parse_verdict,
+)
 from monitor.engine.ports import VerdictHandler, VerdictOutcome
 
 __all__ = ["ReviewServer", "ReviewStoreReader"]
 
 _log = structlog.get_logger(__name__)
-_MAX_VERDICT_BYTES = 65_536
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -72,19 +83,19 @@ class ReviewServer:
         *,
         store: ReviewStoreReader,
         handler: VerdictHandler,
-        token: str,
+        token: str | None = None,
         port: int,
         host: str = "127.0.0.1",
-        max_body_bytes: int = _MAX_VERDICT_BYTES,
+        max_body_bytes: int = MAX_VERDICT_BYTES,
         shutdown_timeout_s: float = 5.0,
         page: ReviewPage | None = None,
         traffic_url: str | None = None,
+        auth: ReviewAuth | None = None,
     ) -> None:
-        if not token or not token.strip():
-            raise ConfigError("the review API needs a non-empty token")
+        self._auth_of = auth if auth is not None else ReviewAuth(token=token)
+        """Who is reviewing (``auth``, else the shared ``token``; ConfigError if neither)."""
         self._store = store
         self._handler = handler
-        self._token = token.encode("utf-8")
         self._host = host
         self._port = port
         self._max_body = max_body_bytes
@@ -113,6 +124,7 @@ class ReviewServer:
         if self._page is not None:  # the page, its API, leases (adapters.http.review_page)
             self._page.add_routes(app)
         app.router.add_get("/openapi.json", self._openapi_route)
+        app.router.add_get("/api/whoami", self._whoami)
         app.router.add_get("/api/reviews/next", self._next)
         app.router.add_get("/api/reviews/{item_id:.+}", self._get)
         app.router.add_post("/api/reviews/{item_id:.+}", self._post)
@@ -163,18 +175,11 @@ class ReviewServer:
     async def _auth(self, request: web.Request, handler: _Handler) -> web.StreamResponse:
         if not request.path.startswith("/api/"):
             return await handler(request)
-        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not given.strip():
-            return _error(
-                401, "missing bearer token", {"WWW-Authenticate": 'Bearer realm="relmon"'}
-            )
-        # Header bytes that are not UTF-8 arrive as lone surrogates; they never match.
-        if not hmac.compare_digest(given.strip().encode("utf-8", "surrogateescape"), self._token):
-            return _error(
-                401,
-                "invalid token",
-                {"WWW-Authenticate": 'Bearer realm="relmon", error="invalid_token"'},
-            )
+        outcome = self._auth_of.authenticate(request)
+        if outcome.status is not None:
+            body = {"error": outcome.error, "auth": self._auth_of.mode}
+            return web.json_response(body, status=outcome.status, headers=outcome.headers)
+        remember_reviewer(request, outcome)
         response = await handler(request)
         response.headers["Cache-Control"] = "no-store"
         return response
@@ -183,6 +188,9 @@ class ReviewServer:
 
     async def _openapi_route(self, request: web.Request) -> web.StreamResponse:
         return web.json_response(openapi_document(traffic_url=self.traffic_url))
+
+    async def _whoami(self, request: web.Request) -> web.StreamResponse:
+        return web.json_response({"auth": self._auth_of.mode, "reviewer": reviewer_of(request)})
 
     async def _next(self, request: web.Request) -> web.StreamResponse:
         if self._page is not None:
@@ -212,13 +220,15 @@ class ReviewServer:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
             return _error(413, f"a verdict is at most {self._max_body} bytes")
-        item = await self._store.get_review_item(item_id)
-        if item is None:
-            return _error(404, "no such review item")
         try:
+            check_item_id_size(item_id)
+            item = await self._store.get_review_item(item_id)
+            if item is None:
+                return _error(404, "no such review item")
             verdict = parse_verdict(body, item_id=item_id, max_rank=len(item.candidates))
         except InputError as exc:
-            return _error(400, str(exc).splitlines()[0] if str(exc) else "invalid verdict")
+            return verdict_error(exc)
+        verdict = with_reviewer(request, verdict)
         outcome: VerdictOutcome = await self._handler(verdict)
         _log.info("review_verdict", item_id=item_id, status=outcome.status)
         if outcome.status in ("applied", "duplicate"):

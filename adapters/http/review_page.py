@@ -55,20 +55,28 @@ from typing import Literal, Protocol
 import structlog
 from aiohttp import web
 
-from monitor.core.errors import ConfigError, InputError, RelmonError
-from monitor.core.review import ReviewItem, TaskProgress, Verdict, parse_verdict
+from adapters.http.review_auth import reviewer_of, with_reviewer
+from monitor.core.errors import ConfigError, InputError, RelmonError, TooLargeError
+from monitor.core.review import (
+    MAX_VERDICT_BYTES,
+    ReviewItem,
+    TaskProgress,
+    Verdict,
+    check_item_id_size,
+    parse_verdict,
+)
 from monitor.engine.ports import Clock, SystemClock, VerdictHandler
 
 __all__ = [
     "PAGE_HEADERS",
     "ReviewPage",
     "ReviewPageStore",
+    "verdict_error",
 ]
 
 _log = structlog.get_logger(__name__)
 _MAX_SESSION = 64
 _MAX_EXCLUDE = 64
-_MAX_VERDICT_BYTES = 65_536
 
 PAGE_HEADERS = {
     "Content-Security-Policy": (
@@ -128,12 +136,20 @@ def _session(request: web.Request) -> str:
 
 
 def _holder(request: web.Request) -> str:
-    """The lease and undo holder of a page request: its session."""
-    return "page:" + _session(request)
+    """The lease and undo holder of a page request: its session (and the reviewer, when
+    the token or the proxy names one: a session id alone then undoes nothing)."""
+    reviewer = reviewer_of(request)
+    return "page:" + _session(request) + ("" if reviewer is None else "@" + reviewer)
 
 
 def _error(status: int, message: str) -> web.Response:
     return web.json_response({"error": message}, status=status)
+
+
+def verdict_error(exc: InputError) -> web.Response:
+    """A refused verdict: 413 over a size limit, else 400; a one-line message."""
+    message = str(exc).splitlines()[0] if str(exc) else "invalid verdict"
+    return _error(413 if isinstance(exc, TooLargeError) else 400, message)
 
 
 class ReviewPage:
@@ -241,7 +257,7 @@ class ReviewPage:
         if "session" in request.query:
             holder = _holder(request)
         else:
-            holder = "api:" + request.query.get("reviewer", "")[:128]
+            holder = "api:" + (reviewer_of(request) or request.query.get("reviewer", "")[:128])
         exclude = request.query.getall("exclude", [])[:_MAX_EXCLUDE]
         item = await self._store.lease_next(
             task, holder=holder, lease_s=self.lease_s, exclude=exclude
@@ -253,16 +269,18 @@ class ReviewPage:
     async def _hold(self, request: web.Request) -> web.StreamResponse:
         item_id = request.match_info["item_id"]
         holder = _holder(request)
-        if (request.content_length or 0) > _MAX_VERDICT_BYTES:
-            return _error(413, f"a verdict is at most {_MAX_VERDICT_BYTES} bytes")
+        if (request.content_length or 0) > MAX_VERDICT_BYTES:
+            return _error(413, f"a verdict is at most {MAX_VERDICT_BYTES} bytes")
         body = await request.read()
-        item = await self._store.get_review_item(item_id)
-        if item is None:
-            return _error(404, "no such review item")
         try:
+            check_item_id_size(item_id)
+            item = await self._store.get_review_item(item_id)
+            if item is None:
+                return _error(404, "no such review item")
             verdict = parse_verdict(body, item_id=item_id, max_rank=len(item.candidates))
         except InputError as exc:
-            return _error(400, str(exc).splitlines()[0] if str(exc) else "invalid verdict")
+            return verdict_error(exc)
+        verdict = with_reviewer(request, verdict)
         status = await self._store.hold_verdict(verdict, self.undo_s, holder=holder)
         _log.info("review_verdict_held", item_id=item_id, status=status)
         if status == "duplicate":

@@ -16,9 +16,9 @@
     client's headers minus hop-by-hop ones and ``Host``; the upstream's status, headers
     and body come back unchanged (no decompression, no re-encoding) and are relayed chunk
     by chunk as they arrive, so SSE streams stay streams. Only after the response is
-    complete is a ``POST …/chat/completions`` with a JSON body and a 2xx answer turned
-    into an event (the answer text from ``choices[0].message.content``, or the
-    concatenated ``choices[0].delta.content`` of an SSE stream) and offered to the sink;
+    complete is a ``POST …/chat/completions`` with a 2xx answer turned into an event (the
+    answer text from ``choices[0].message.content``, or the concatenated ``choices[0].
+    delta.content`` of an SSE stream; no body: rejected) and offered to the sink;
     nothing the sink does can reach the client. Upstream unreachable: 502; no bytes from
     upstream for ``upstream_timeout_s``: 504 (or, mid-stream, the client connection is
     closed so the truncation is visible). Bodies over ``max_body_bytes`` are forwarded
@@ -29,6 +29,12 @@
 Reject reasons are short fixed strings (``"oversize"``, ``"invalid JSON"``, …) or the
 message of an :class:`~monitor.core.errors.InputError` from :mod:`monitor.core.events`; neither
 ever holds prompt text. Item ids come from ``X-Request-Id`` when present, else a uuid4.
+
+No request can stop the listener: whatever handling one request raises (a
+bug, here or in the sink) is logged with where it was raised; a ``POST
+…/chat/completions`` is then counted once as rejected (``internal error: <type>``), and
+the client gets a 500 JSON error, or, when its answer had already begun, a closed
+connection. The next request is handled as usual.
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ import aiohttp
 import structlog
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
-from multidict import CIMultiDict
+from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from adapters.http import expect as http_expect
@@ -55,6 +61,7 @@ from adapters.http.messages import (
 )
 from monitor.core.errors import ConfigError, InputError, StateError
 from monitor.core.events import TrafficEvent, event_from_request, is_text, parse_event
+from monitor.core.failures import internal_error, raised_at
 from monitor.engine.ports import EventSink
 
 __all__ = [
@@ -142,6 +149,18 @@ async def _chain(prefix: bytes, rest: aiohttp.StreamReader) -> AsyncIterator[byt
         yield chunk
 
 
+class _Exchange:
+    """One request: an event (``POST …/chat/completions``)? counted? its answer begun?"""
+
+    __slots__ = ("counted", "event", "finished", "started")
+
+    def __init__(self, event: bool) -> None:
+        self.event = event
+        self.counted = False
+        self.started: web.StreamResponse | None = None
+        self.finished = False
+
+
 class TrafficServer:
     """The mirror or proxy endpoint. ``await start()``, ``await stop()``."""
 
@@ -200,8 +219,7 @@ class TrafficServer:
         if self._runner is not None:
             raise StateError("TrafficServer already started")
         app = web.Application(client_max_size=self._max_body)
-        handler = self._mirror if self._mode == "mirror" else self._proxy
-        app.router.add_route("*", "/{tail:.*}", handler)
+        app.router.add_route("*", "/{tail:.*}", self._handle)
         http_expect.install(app)
         if self._mode == "proxy":
             self._session = aiohttp.ClientSession(
@@ -251,10 +269,35 @@ class TrafficServer:
         if session is not None:
             await session.close()
 
+    # -- guard --------------------------------------------------------------------------
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        """The mirror or proxy handler for one request, guarded (see the module)."""
+        ex = _Exchange(request.method == "POST" and is_chat_completions_path(request.path))
+        try:
+            if self._mode == "mirror":
+                return await self._mirror(request, ex)
+            return await self._proxy(request, ex)
+        except Exception as exc:  # a bug; asyncio.CancelledError is not an Exception
+            reason = internal_error(exc)
+            _log.error("traffic_request_failed", error=reason, at=raised_at(exc))
+            self._count(ex, reason)
+            if ex.started is not None:  # the answer began: cut short, the client must see it
+                if not ex.finished and request.transport is not None:
+                    request.transport.abort()
+                return ex.started
+            return _json_error(500, f"relmon could not handle this request ({reason})")
+
+    def _count(self, ex: _Exchange, reason: str) -> None:
+        """Count the request's event as rejected, once (a request that is no event: never)."""
+        if ex.event and not ex.counted:
+            ex.counted = True
+            self._reject(self._mode, reason)
+
     # -- mirror -------------------------------------------------------------------------
 
-    async def _mirror(self, request: web.Request) -> web.StreamResponse:
-        if request.method != "POST" or not is_chat_completions_path(request.path):
+    async def _mirror(self, request: web.Request, ex: _Exchange) -> web.StreamResponse:
+        if not ex.event:
             return _json_error(404, "only POST …/chat/completions is mirrored")
         length = request.content_length
         try:
@@ -262,36 +305,40 @@ class TrafficServer:
                 raise web.HTTPRequestEntityTooLarge(max_size=self._max_body, actual_size=length)
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
-            self._reject("mirror", "oversize")
+            self._count(ex, "oversize")
             return _json_error(413, f"request body over {self._max_body} bytes")
         except (aiohttp.ClientPayloadError, ConnectionError):
-            self._reject("mirror", "truncated body")
+            self._count(ex, "truncated body")
             return _json_error(400, "request body was cut short")
         response = web.json_response({"status": "accepted"}, status=202)
-        await response.prepare(request)
-        await response.write_eof()  # the mirror has its answer before any parsing
-        self._offer("mirror", request.headers, request.path, body, None)
+        ex.started = response
+        try:
+            await response.prepare(request)
+            await response.write_eof()  # the mirror has its answer before any parsing
+            ex.finished = True
+        except ConnectionError:
+            pass  # the mirror went away: its answer is discarded anyway, the body is whole
+        self._offer(ex, request.headers, request.path, body, None)
         return response
 
     # -- proxy --------------------------------------------------------------------------
 
-    async def _proxy(self, request: web.Request) -> web.StreamResponse:
+    async def _proxy(self, request: web.Request, ex: _Exchange) -> web.StreamResponse:
         session = self._session
         if session is None:
             return _json_error(503, "proxy is stopping")
-        sample = request.method == "POST" and is_chat_completions_path(request.path)
-        body: bytes | None = None
+        body: bytes | None = b""  # none: not a chat request, counted as invalid JSON
         data: bytes | AsyncIterator[bytes] | None = None
         if request.body_exists:
             try:
                 body, complete = await _read_prefix(request.content, self._max_body)
             except (aiohttp.ClientPayloadError, ConnectionError):
+                self._count(ex, "truncated body")
                 return _json_error(400, "request body was cut short")
             data = body if complete else _chain(body, request.content)
             if not complete:
                 body = None
-                if sample:
-                    self._reject("proxy", "oversize")
+                self._count(ex, "oversize")
         headers = strip_hop_by_hop(request.headers.items(), request.headers.get("Connection", ""))
         headers.popall("Host", None)
         headers.popall("Expect", None)  # the body is already read; 100-continue was answered
@@ -305,18 +352,17 @@ class TrafficServer:
         except aiohttp.ClientError as exc:
             _log.warning("proxy_upstream_unreachable", error=type(exc).__name__)
             return _json_error(502, "upstream unreachable")
-        keep = sample and body is not None and upstream.ok
+        keep = ex.event and body is not None and upstream.ok
         try:
-            resp, captured = await self._relay(request, upstream, keep=keep)
+            resp, captured = await self._relay(request, upstream, ex, keep=keep)
         finally:
             upstream.close()  # after a full read the connection is already back in the pool
         if captured is not None and body is not None:
-            text = answer_text(captured, upstream.headers)
-            self._offer("proxy", request.headers, request.path, body, text)
+            self._offer(ex, request.headers, request.path, body, (captured, upstream.headers))
         return resp
 
     async def _relay(
-        self, request: web.Request, upstream: aiohttp.ClientResponse, *, keep: bool
+        self, request: web.Request, upstream: aiohttp.ClientResponse, ex: _Exchange, *, keep: bool
     ) -> tuple[web.StreamResponse, bytes | None]:
         """Copy the upstream answer to the client as it arrives.
 
@@ -325,10 +371,11 @@ class TrafficServer:
         """
         headers = strip_hop_by_hop(upstream.headers.items(), upstream.headers.get("Connection", ""))
         if _small_and_whole(request.method, upstream):
-            return await self._relay_whole(request, upstream, headers, keep=keep)
+            return await self._relay_whole(request, upstream, headers, ex, keep=keep)
         resp = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
         capture: bytearray | None = bytearray() if keep else None
         try:
+            ex.started = resp
             await resp.prepare(request)
             while True:
                 try:
@@ -346,8 +393,9 @@ class TrafficServer:
                         capture += chunk
                     else:
                         capture = None
-                        self._reject("proxy", "oversize response")
+                        self._count(ex, "oversize response")
             await resp.write_eof()
+            ex.finished = True
         except ConnectionError:  # the client went away
             return resp, None
         return resp, bytes(capture) if capture is not None else None
@@ -357,6 +405,7 @@ class TrafficServer:
         request: web.Request,
         upstream: aiohttp.ClientResponse,
         headers: CIMultiDict[str],
+        ex: _Exchange,
         *,
         keep: bool,
     ) -> tuple[web.StreamResponse, bytes | None]:
@@ -372,8 +421,10 @@ class TrafficServer:
             body=data, status=upstream.status, reason=upstream.reason, headers=headers
         )
         try:
+            ex.started = resp
             await resp.prepare(request)
             await resp.write_eof()
+            ex.finished = True
         except ConnectionError:  # the client went away
             return resp, None
         return resp, data if keep and len(data) <= self._max_body else None
@@ -381,23 +432,26 @@ class TrafficServer:
     # -- both ---------------------------------------------------------------------------
 
     def _offer(
-        self, source: str, headers: Mapping[str, str], path: str, raw: bytes, text: str | None
+        self,
+        ex: _Exchange,
+        headers: Mapping[str, str],
+        path: str,
+        raw: bytes,
+        answer: tuple[bytes, CIMultiDictProxy[str]] | None,
     ) -> None:
-        """Parse, build the event and offer it; never raises."""
+        """Parse, build the event (with the answer's text from the upstream's ``answer``
+        body and headers) and offer it; never raises: whatever fails is counted once."""
+        source = self._mode
         try:
+            text = None if answer is None else answer_text(*answer)
             event = self._event(source, headers, path, raw, text)
+            self._sink(event, source)  # the sink counts its decision last: nothing twice
         except InputError as exc:
-            self._reject(source, str(exc))
-            return
-        except Exception:
-            _log.exception("traffic_event_failed", source=source)
-            self._reject(source, "internal error")
-            return
-        try:
-            self._sink(event, source)
-        except Exception:
-            _log.exception("traffic_sink_failed", source=source, event_id=event.id)
-            self._reject(source, "internal error")  # still counted under a decision
+            self._count(ex, str(exc))
+        except Exception as exc:  # a bug, here or in the sink
+            reason = internal_error(exc)
+            _log.error("traffic_event_failed", source=source, error=reason, at=raised_at(exc))
+            self._count(ex, reason)
 
     def _event(
         self, source: str, headers: Mapping[str, str], path: str, raw: bytes, text: str | None

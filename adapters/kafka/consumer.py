@@ -129,6 +129,8 @@ class KafkaConsumerBase(ABC):
         self._run_exited.set()
         self._run_task: asyncio.Task[Any] | None = None
         self._failure: KafkaUnavailableError | None = None
+        self._down = False
+        """:meth:`run` ended while not stopped: not connected until :meth:`restart`."""
         self._closed = False
         self.commit_failures = 0
         """Commits that failed (retried at the next interval); for tests and logs."""
@@ -198,6 +200,8 @@ class KafkaConsumerBase(ABC):
                 f"consuming {self._topic} failed: {type(exc).__name__}: {exc}"
             ) from exc
         finally:
+            # Only stop() ends run() quietly: any other way out leaves it down.
+            self._down = not self._stopping.is_set()
             lag_task.cancel()
             await asyncio.wait({lag_task})
             self._run_task = None
@@ -241,6 +245,7 @@ class KafkaConsumerBase(ABC):
         self._consumer = self._producer = None
         self._parts.clear()
         self._failure = None
+        self._down = False
         self._forget_progress()
         self.lag.export({})
         self.restarts += 1
@@ -264,8 +269,8 @@ class KafkaConsumerBase(ABC):
 
     @property
     def connected(self) -> bool:
-        """Started, not stopped or failed, and holding a live broker connection."""
-        if self._consumer is None or self._closed or self._failure is not None:
+        """Started, not stopped, failed or down, and holding a live broker connection."""
+        if self._consumer is None or self._closed or self._failure is not None or self._down:
             return False
         return has_live_connection(self._consumer)
 
@@ -353,7 +358,7 @@ class KafkaConsumerBase(ABC):
         st.pending.append((record.offset, done))
         try:
             sent = await self._producer.send(self._dlq_topic, value=value, key=key, headers=headers)
-        except KafkaError as exc:
+        except Exception as exc:  # KafkaError, or anything the client raises: not sent
             self._fail(f"dead-letter send to {self._dlq_topic} failed: {type(exc).__name__}")
             return
 

@@ -53,6 +53,7 @@ from aiokafka.errors import KafkaError
 
 from adapters.kafka.connection import CONNECT_ERRORS, KafkaUnavailableError
 from monitor.core.errors import ConfigError, InputError
+from monitor.core.failures import internal_error
 from monitor.core.review import ReviewItem, Verdict, parse_verdict
 from monitor.engine.ports import CalibrationRecord
 from monitor.engine.verdicts import calibration_record, ranks_beyond_candidates
@@ -216,6 +217,10 @@ class KafkaCalibrationStore:
                 self.invalid_records += 1
                 self.unreadable.append((record, TOO_DEEP))
                 continue
+            except Exception as exc:  # a bug: refused like a malformed verdict, not a crash
+                self.invalid_records += 1
+                self.unreadable.append((record, internal_error(exc)))
+                continue
             item = items.get(verdict.item_id)
             if item is None:
                 self.unknown_verdicts += 1
@@ -366,10 +371,11 @@ class KafkaCalibrationStore:
 
 
 def review_item_of(record: Any) -> ReviewItem | None:
-    """The review item a record of the review topic holds (None if it holds none)."""
+    """The review item a record of the review topic holds (None if it holds none,
+    whatever reading it raised: one record never stops the replay or the follower)."""
     try:
         return ReviewItem.from_json(json.loads(record.value))
-    except (InputError, ValueError, TypeError, RecursionError):
+    except Exception:  # InputError, ValueError, RecursionError, OverflowError (Infinity) ...
         return None
 
 

@@ -3,16 +3,19 @@
 :class:`KafkaEventSource` reads events in ``getmany`` batches, validates each with
 :func:`parse_event_bytes` (``monitor.core.events.parse_event`` with msgspec's faster JSON
 decoder in front, same results) and offers it to the service (``sink(event, "kafka")``).
-A malformed record is produced to a dead-letter topic with its original value and key
-and the headers ``relmon-error`` (the reason, never payload text), ``relmon-stream``
-(``traffic``), ``relmon-source-topic``, ``relmon-source-partition`` and
-``relmon-source-offset``.
+A malformed record (over ``max_event_bytes``, not JSON, not UTF-8, not an event) is
+produced to a dead-letter topic with its original value and key and the headers
+``relmon-error`` (the reason, never payload text), ``relmon-stream`` (``traffic``),
+``relmon-source-topic``, ``relmon-source-partition`` and ``relmon-source-offset``; so is a
+record whose handling raised anything else (:func:`admit_record`: the reason is
+``internal error: <type>``). Either way it is counted once (``reject``) and the next
+record goes: no record can stop a partition.
 
 Offsets are committed only for work that is finished (at-least-once)::
 
     skipped / duplicate            done at once (a duplicate still running: when it is)
     sampled                        done when ``admission.done`` resolves (any outcome)
-    malformed                      done when the dead-letter record is acknowledged
+    malformed, or handling failed  done when the dead-letter record is acknowledged
     busy (no budget)               not done: held, offered again later
 
 Backpressure: the events are already durable in Kafka, so the source never drops one
@@ -49,7 +52,8 @@ from adapters.kafka.connection import KafkaUnavailableError
 from adapters.kafka.consumer import KafkaConsumerBase, PartitionProgress
 from monitor.core.errors import InputError
 from monitor.core.events import MAX_EVENT_BYTES, TrafficEvent, parse_event
-from monitor.engine.ports import EventSink
+from monitor.core.failures import internal_error, raised_at
+from monitor.engine.ports import Admission, EventSink
 
 _fast_decode: Callable[[bytes], Any] | None
 try:
@@ -61,7 +65,7 @@ else:
     _fast_decode = msgspec.json.Decoder().decode
     _FastDecodeError = msgspec.DecodeError
 
-__all__ = ["KafkaEventSource", "KafkaUnavailableError", "parse_event_bytes"]
+__all__ = ["KafkaEventSource", "KafkaUnavailableError", "admit_record", "parse_event_bytes"]
 
 log = structlog.get_logger(__name__)
 
@@ -73,12 +77,14 @@ def parse_event_bytes(value: bytes | None, max_bytes: int = MAX_EVENT_BYTES) -> 
     decodes strict RFC 8259 JSON (big integers exact, floats correctly rounded) to the
     objects ``json.loads`` gives; whatever it refuses (oversize, not UTF-8, NaN, a
     BOM, too deep, not an object) goes to ``parse_event`` on the bytes, which decides.
+    msgspec raises ``UnicodeDecodeError`` (not its ``DecodeError``) for invalid UTF-8
+    inside a string, and may raise other errors: every refusal falls back alike.
     """
     raw: Any = value
     if _fast_decode is not None and value is not None and len(value) <= max_bytes:
         try:
             obj = _fast_decode(value)
-        except (_FastDecodeError, RecursionError):
+        except (_FastDecodeError, ValueError, RecursionError):  # UnicodeDecodeError too
             pass
         else:
             if type(obj) is dict:
@@ -87,6 +93,32 @@ def parse_event_bytes(value: bytes | None, max_bytes: int = MAX_EVENT_BYTES) -> 
         return parse_event(raw, max_bytes=max_bytes)
     except RecursionError:  # parse_event lets json's nesting limit through
         raise InputError("invalid JSON: nested too deeply") from None
+
+
+def admit_record(record: Any, sink: EventSink, source: str, max_bytes: int) -> Admission | str:
+    """Parse one record's value and offer the event: the sink's :class:`Admission`, or
+    the reason it is rejected (to be counted and dead-lettered).
+
+    Never raises for one record: an :class:`InputError` gives its message; any other
+    exception (a bug, here or in the sink) gives ``internal error: <type>`` and is
+    logged with where it was raised. ``asyncio.CancelledError`` is not an
+    ``Exception``: it goes through.
+    """
+    try:
+        return sink(parse_event_bytes(record.value, max_bytes), source)
+    except InputError as exc:
+        return str(exc)
+    except Exception as exc:
+        reason = internal_error(exc)
+        log.error(
+            "kafka.event_failed",
+            topic=record.topic,
+            partition=record.partition,
+            offset=record.offset,
+            error=reason,
+            at=raised_at(exc),
+        )
+        return reason
 
 
 class KafkaEventSource(KafkaConsumerBase):
@@ -141,27 +173,23 @@ class KafkaEventSource(KafkaConsumerBase):
     async def _offer_all(self, tp: Any, st: PartitionProgress, records: Sequence[Any]) -> None:
         """Offer ``records`` in order; at the first ``busy`` one, hold it and the rest and
         pause the partition (its offset stays uncommitted until they are offered)."""
-        parse = parse_event_bytes
         sink = self._sink
         name = self.source_name
         max_bytes = self._max_event_bytes
         pending = st.pending
         for i, record in enumerate(records):
-            try:
-                event = parse(record.value, max_bytes)
-            except InputError as exc:
-                await self._dead_letter(st, record, str(exc))
-            else:
-                admission = sink(event, name)
-                if admission.decision == "busy":
-                    self._hold(tp, st, records[i:])
-                    return
-                done = admission.done
-                if done is not None and not done.done():
-                    pending.append((record.offset, done))
+            admission = admit_record(record, sink, name, max_bytes)
+            if isinstance(admission, str):  # rejected: the reason
+                await self._dead_letter(st, record, admission)
+                if self._failure is not None or self._parts.get(tp) is not st:
+                    return  # failing, or revoked while sending (the new owner takes over)
                 continue
-            if self._failure is not None or self._parts.get(tp) is not st:
-                return  # failing, or revoked while sending (the new owner takes over)
+            if admission.decision == "busy":
+                self._hold(tp, st, records[i:])
+                return
+            done = admission.done
+            if done is not None and not done.done():
+                pending.append((record.offset, done))
         st.next_offset = records[-1].offset + 1
 
     @property

@@ -36,7 +36,8 @@ from adapters.kafka.review import (
     review_item_of,
 )
 from monitor.core.errors import ConfigError, InputError, StateError
-from monitor.core.review import ReviewItem, Verdict, parse_verdict
+from monitor.core.failures import internal_error, raised_at
+from monitor.core.review import MAX_VERDICT_BYTES, ReviewItem, Verdict, parse_verdict
 from monitor.engine.ports import VerdictHandler
 
 __all__ = ["KafkaVerdictConsumer"]
@@ -63,7 +64,9 @@ class KafkaVerdictConsumer:
     ``review_queue``), then dead letters, then verdicts, in partition order:
 
     - a verdict already dead-lettered (by this or another replica): skipped;
-    - malformed: to the dead-letter topic at once, ``reject("invalid", reason)``;
+    - malformed, or over a size limit (``monitor.core.review``): to the dead-letter topic
+      at once, ``reject("invalid", reason)`` (a value over the verdict limit is cut to
+      it there, its size in the ``relmon-value-truncated-from`` header);
     - its review item known: ``handler(verdict)``;
     - else it waits up to ``wait_s`` for the item (then handled in order with the
       item's other verdicts); after that it goes to the dead-letter topic with the
@@ -121,6 +124,8 @@ class KafkaVerdictConsumer:
         self._run_exited = asyncio.Event()
         self._run_exited.set()
         self._failure: KafkaUnavailableError | None = None
+        self._down = False
+        """:meth:`run` ended while not stopped: not connected until :meth:`restart`."""
         self._closed = False
         self.dead_letters = 0
         """Verdicts this consumer dead-lettered (for tests and logs)."""
@@ -155,6 +160,7 @@ class KafkaVerdictConsumer:
         self._consumer = self._producer = None
         self._assigned = frozenset()
         self._failure = None
+        self._down = False
         self.lag.export({})
         self.restarts += 1
         await self._connect()
@@ -220,7 +226,7 @@ class KafkaVerdictConsumer:
                 for tp in sorted(batch, key=lambda tp: (order.get(tp.topic, 9), tp.partition)):
                     for record in batch[tp]:
                         self._next[tp] = record.offset + 1
-                        await self._dispatch(record)
+                        await self._dispatch_one(record)
                 await self._expire(loop.time())
             if self._failure is not None:
                 raise self._failure
@@ -229,6 +235,8 @@ class KafkaVerdictConsumer:
                 f"following {', '.join(self._store.topics)} failed: {type(exc).__name__}"
             ) from exc
         finally:
+            # Only stop() ends run() quietly: any other way out leaves it down.
+            self._down = not self._stopping.is_set()
             lag_task.cancel()
             await asyncio.wait({lag_task})
             self._run_exited.set()
@@ -268,8 +276,8 @@ class KafkaVerdictConsumer:
 
     @property
     def connected(self) -> bool:
-        """Started, not stopped or failed, and holding a live broker connection."""
-        if self._consumer is None or self._closed or self._failure is not None:
+        """Started, not stopped, failed or down, and holding a live broker connection."""
+        if self._consumer is None or self._closed or self._failure is not None or self._down:
             return False
         return has_live_connection(self._consumer)
 
@@ -290,6 +298,26 @@ class KafkaVerdictConsumer:
             consumer.seek(tp, self._next.get(tp, 0))
         self._assigned = tps
 
+    async def _dispatch_one(self, record: Any) -> None:
+        """:meth:`_dispatch`, never raising for one record: whatever handling it raises
+        (a bug) is logged; a verdict is then dead-lettered and counted ``invalid``."""
+        try:
+            await self._dispatch(record)
+        except Exception as exc:
+            reason = internal_error(exc)
+            log.error(
+                "kafka.record_failed",
+                topic=record.topic,
+                partition=record.partition,
+                offset=record.offset,
+                error=reason,
+                at=raised_at(exc),
+            )
+            if record.topic == self._store.verdict_topic:
+                await self._dead_letter(record, reason, "invalid")
+            else:
+                self._store.invalid_records += 1
+
     async def _dispatch(self, record: Any) -> None:
         store = self._store
         if record.topic == store.review_topic:
@@ -304,7 +332,7 @@ class KafkaVerdictConsumer:
                 if self._queue is not None:
                     self._queue.item_seen(item.item_id)
             for waiting in self._waiting.pop(item.item_id, ()):
-                await self._apply(waiting.verdict)
+                await self._apply(waiting.record, waiting.verdict)
             return
         if record.topic == self._dlq_topic:
             store.note_dead_letter(record)
@@ -323,13 +351,21 @@ class KafkaVerdictConsumer:
             deadline = asyncio.get_running_loop().time() + self._wait_s
             self._park(record, verdict, deadline)
             return
-        await self._apply(verdict)
+        await self._apply(record, verdict)
 
     def _park(self, record: Any, verdict: Verdict, deadline: float) -> None:
         self._waiting.setdefault(verdict.item_id, []).append(_Waiting(record, verdict, deadline))
 
-    async def _apply(self, verdict: Verdict) -> None:
-        outcome = await self._handler(verdict)
+    async def _apply(self, record: Any, verdict: Verdict) -> None:
+        """``handler(verdict)``; if it raises (a bug), the verdict is dead-lettered and
+        counted ``invalid``, and the records after it go on."""
+        try:
+            outcome = await self._handler(verdict)
+        except Exception as exc:
+            reason = internal_error(exc)
+            log.error("kafka.verdict_failed", item_id=verdict.item_id, at=raised_at(exc))
+            await self._dead_letter(record, reason, "invalid")
+            return
         if self._queue is not None and outcome.status in ("applied", "duplicate"):
             self._queue.verdict_seen(verdict.item_id)
 
@@ -356,14 +392,20 @@ class KafkaVerdictConsumer:
         headers = dead_letter_headers(
             reason, record.topic, record.partition, record.offset, "verdicts"
         )
+        value = record.value
+        if value is not None and len(value) > MAX_VERDICT_BYTES:
+            # Over the verdict limit, so refused anyway: its start is enough to find it,
+            # and a whole one could exceed what the producer may send (a follower stuck).
+            headers.append(("relmon-value-truncated-from", str(len(value)).encode()))
+            value = value[:MAX_VERDICT_BYTES]
         key = record.key
-        if key is None and record.value is None:
+        if key is None and value is None:
             key = b""  # a tombstone: Kafka needs a key or a value
         try:
             await self._producer.send_and_wait(
-                self._dlq_topic, value=record.value, key=key, headers=headers
+                self._dlq_topic, value=value, key=key, headers=headers
             )
-        except KafkaError as exc:
+        except Exception as exc:  # KafkaError, or anything the client raises: not sent
             message = f"dead-letter send to {self._dlq_topic} failed: {type(exc).__name__}"
             log.error("kafka.failed", topic=self._store.verdict_topic, error=message)
             self._failure = KafkaUnavailableError(message)

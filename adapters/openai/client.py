@@ -6,15 +6,14 @@ retries with jittered exponential backoff, a circuit breaker, and a hard cap on 
 size of a response. Every aiohttp or OS error is translated into
 :class:`~monitor.core.errors.ModelCallError` here; nothing above this module sees aiohttp.
 
-What is sent (:func:`build_body`)
-    The original request's ``messages`` plus the fields in :data:`FORWARDED_FIELDS`
-    (``top_p``, ``stop``, ``response_format``, ``presence_penalty``,
-    ``frequency_penalty``) — the ones that shape the answer the same way for every
-    sample. ``model``, ``temperature`` and ``max_tokens`` are the client's. Everything
-    else is dropped, notably ``stream`` (never streamed), ``n`` (the client decides),
-    ``seed`` (K samples with one seed would all be the same), ``tools``/``functions``
-    (a tool call is not an answer to canonicalize), ``logprobs``, ``user``, ``store``
-    and ``metadata`` (not ours to resend).
+What is sent
+    With ``forward=True`` (the monitored model's client) the request as given, which
+    the engine has made the re-ask of the production request
+    (:func:`monitor.core.reask.reask_request`: every field kept but the few it drops or
+    raises); the client only adds ``n`` and ``stream: false``, and ``model`` when the
+    request names none. Otherwise (the ``llm`` canonicalizer's judge) :func:`build_body`:
+    the request's ``messages`` plus the fields in :data:`FORWARDED_FIELDS`, with the
+    client's ``model``, ``temperature`` and ``max_tokens``.
 
 Outcomes
     ``on_outcome`` is called once per HTTP call (and once per call refused by the open
@@ -37,9 +36,11 @@ Retries
     ``ModelCallError(retriable=False)``; the others ``ModelCallError(retriable=True)``.
     ``client_error`` is never retried (``retriable=False``, ``status`` set).
 
-``content: null`` (a refusal or a tool call)
-    is the answer ``""``: the model did answer, just not in text, and the canonicalizer
-    maps ``""`` to INVALID. Retrying it instead would bias the sample towards non-refusals.
+``tool_calls``, a refusal, ``content: null``
+    A choice that calls tools is an answer: a marked JSON list of its calls, which the
+    ``tool_call`` canonicalizer reads (every other canonicalizer makes it INVALID); a
+    refusal is a marked answer too; ``content: null`` without either is ``""``. None is
+    retried: that would bias the sample towards text answers.
 
 Circuit breaker
     After ``breaker_threshold`` consecutive failed calls (timeouts, 429, 5xx,
@@ -64,15 +65,22 @@ Bearer token and never appears in a message, a repr or a log.
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 from collections.abc import Awaitable, Callable, Mapping
-from email.utils import parsedate_to_datetime
 from typing import Any, Final, Literal, get_args
+from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 
 from adapters.openai.limits import CircuitBreaker, TokenBucket
+from adapters.openai.wire import (
+    FORWARDED_FIELDS,
+    build_body,
+    encode,
+    forward_body,
+    parse_completion,
+    parse_retry_after,
+)
 from monitor.core.errors import ConfigError, InputError, ModelCallError
 from monitor.engine.ports import Clock, SystemClock
 
@@ -84,6 +92,7 @@ __all__ = [
     "OpenAIClient",
     "Outcome",
     "build_body",
+    "forward_body",
     "parse_completion",
     "parse_retry_after",
 ]
@@ -100,11 +109,6 @@ Outcome = Literal[
 ]
 OUTCOMES: Final[tuple[Outcome, ...]] = get_args(Outcome)
 """Every outcome, in a fixed order (for pre-creating metric label values)."""
-FORWARDED_FIELDS: Final = frozenset(
-    {"top_p", "stop", "response_format", "presence_penalty", "frequency_penalty"}
-)
-"""Request fields resent besides ``messages`` (see the module docstring)."""
-
 _RETRIABLE: Final = frozenset({"timeout", "rate_limited", "server_error", "connection_error"})
 RETRY_KINDS: Final = ("error", "timeout", "rate_limited", "invalid")
 """The keys of ``retries``: which failed outcomes each retry budget covers."""
@@ -117,70 +121,6 @@ _RETRY_KIND: Final[dict[str, str]] = {
 }
 DEFAULT_INVALID_RETRIES: Final = 2
 _CHUNK: Final = 65536
-
-
-def build_body(
-    request: Mapping[str, Any], *, model: str, temperature: float, max_tokens: int
-) -> dict[str, Any]:
-    """The request body sent for ``request`` (``n`` is added per call).
-
-    Raises :class:`ModelCallError` (not retriable) when ``messages`` is not a non-empty list.
-    """
-    messages = request.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise ModelCallError("request has no non-empty 'messages' list", retriable=False)
-    body: dict[str, Any] = {"messages": messages}
-    body.update({k: request[k] for k in sorted(FORWARDED_FIELDS) if request.get(k) is not None})
-    body.update(model=model, temperature=temperature, max_tokens=max_tokens, stream=False)
-    return body
-
-
-def parse_completion(raw: bytes) -> list[str]:
-    """The texts of the choices of a chat-completion body, in order.
-
-    ``content: null`` gives ``""``. Raises :class:`~monitor.core.errors.InputError` with a
-    short reason (never the body itself) for anything that is not a well-formed completion.
-    """
-    try:
-        obj = json.loads(raw)
-    except (ValueError, RecursionError):
-        raise InputError("body is not JSON") from None
-    choices = obj.get("choices") if isinstance(obj, dict) else None
-    if not isinstance(choices, list) or not choices:
-        raise InputError("body has no non-empty 'choices' list")
-    texts: list[str] = []
-    for choice in choices:
-        message = choice.get("message") if isinstance(choice, dict) else None
-        if not isinstance(message, dict) or "content" not in message:
-            raise InputError("a choice has no 'message.content'")
-        content = message["content"]
-        if content is None:
-            texts.append("")
-        elif isinstance(content, str):
-            texts.append(content)
-        else:
-            raise InputError(f"a choice's content is a {type(content).__name__}, not a string")
-    return texts
-
-
-def parse_retry_after(value: str | None, now: float) -> float | None:
-    """Seconds to wait from a ``Retry-After`` header (delta-seconds or HTTP-date).
-
-    ``now`` is the wall-clock time (epoch seconds) for HTTP-dates. ``None`` if absent or
-    unreadable; never negative.
-    """
-    if value is None:
-        return None
-    value = value.strip()
-    if value.isdigit():
-        return float(value)
-    try:
-        when = parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
-        return None
-    if when.tzinfo is None:  # an HTTP-date is always GMT
-        return None
-    return max(0.0, when.timestamp() - now)
 
 
 class _CallError(Exception):
@@ -222,6 +162,7 @@ class OpenAIClient:
         breaker_threshold: int = 5,
         breaker_cooldown_s: float = 30.0,
         max_response_bytes: int = 4 * 1024 * 1024,
+        forward: bool = False,
         on_outcome: Callable[[str], None] | None = None,
         sleep: Callable[[float], Awaitable[None]] | None = None,
         clock: Clock | None = None,
@@ -254,6 +195,7 @@ class OpenAIClient:
             raise ConfigError(f"OpenAIClient: need {', '.join(failed)}")
         self._retries = limits
         self._url = base_url.rstrip("/") + "/chat/completions"
+        self._shown_url = shown_url(self._url)
         self._base_url = base_url
         self._model = model
         self._api_key = api_key
@@ -265,6 +207,7 @@ class OpenAIClient:
         self._backoff_base_s = float(backoff_base_s)
         self._backoff_max_s = float(backoff_max_s)
         self._max_response_bytes = int(max_response_bytes)
+        self._forward = forward
         self._on_outcome = on_outcome
         self._sleep = sleep if sleep is not None else asyncio.sleep
         self._clock: Clock = clock if clock is not None else SystemClock()
@@ -305,16 +248,23 @@ class OpenAIClient:
             raise ConfigError(f"n must be >= 0, got {n}")
         if n == 0:
             return []
-        body = build_body(
-            request, model=self._model, temperature=self._temperature, max_tokens=self._max_tokens
+        body = (
+            forward_body(request, model=self._model)
+            if self._forward
+            else build_body(
+                request,
+                model=self._model,
+                temperature=self._temperature,
+                max_tokens=self._max_tokens,
+            )
         )
         texts: list[str] = []
         if self._supports_n and n > 1:
-            texts = (await self._call(_encode({**body, "n": n})))[:n]
+            texts = (await self._call(encode({**body, "n": n})))[:n]
         rest = n - len(texts)
         if rest == 0:
             return texts
-        single = _encode(body)
+        single = encode(body)
         if self._breaker.state != "closed":
             # Open or half-open: one call goes alone (the trial, once the cool-down is
             # over). Sent with siblings, their immediate circuit_open failures would
@@ -349,7 +299,7 @@ class OpenAIClient:
                 if not retry:
                     tries = f" after {attempt + 1} attempts" if attempt else ""
                     raise ModelCallError(
-                        f"model call failed{tries}: {failed}",
+                        f"model call to {self._shown_url} failed{tries}: {failed}",
                         retriable=failed.outcome in _RETRIABLE,
                         status=failed.status,
                     ) from None
@@ -439,6 +389,14 @@ class OpenAIClient:
             return _CallError(
                 "server_error", f"HTTP {status}", status=status, retry_after=retry_after
             )
+        if status in (404, 405):
+            return _CallError(
+                "client_error",
+                f"HTTP {status}: nothing answers chat completions there; check "
+                "endpoint.base_url (relmon posts to base_url + /chat/completions; "
+                "most servers want base_url to end in /v1)",
+                status=status,
+            )
         return _CallError("client_error", f"HTTP {status}", status=status)
 
     async def _read_limited(self, resp: aiohttp.ClientResponse) -> bytes:
@@ -458,13 +416,16 @@ class OpenAIClient:
         return b"".join(chunks)
 
 
-def _encode(body: Mapping[str, Any]) -> bytes:
-    try:
-        return json.dumps(body, ensure_ascii=False, allow_nan=False).encode("utf-8")
-    except (TypeError, ValueError) as exc:
-        raise ModelCallError(
-            f"request cannot be sent as JSON ({type(exc).__name__})", retriable=False
-        ) from None
+def shown_url(url: str) -> str:
+    """``url`` as messages may show it: without user info, query or fragment (a key
+    never leaves through a log line)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if ":" in host:  # an IPv6 address
+        host = f"[{host}]"
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 
 def _first_model_error(group: BaseExceptionGroup[BaseException]) -> BaseException:

@@ -31,7 +31,7 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 
 from adapters.postgres.leases import ReviewPageTables, verdict_of
-from adapters.postgres.schema import migrate
+from adapters.postgres.schema import migrate, pending_migrations
 from monitor.core.errors import ConfigError, InputError, StoreError
 from monitor.core.review import ReviewItem, Verdict
 from monitor.engine.ports import (
@@ -42,7 +42,7 @@ from monitor.engine.ports import (
     SystemClock,
 )
 
-__all__ = ["PostgresStore"]
+__all__ = ["PostgresStore", "diagnose"]
 
 _T = TypeVar("_T")
 _SEQ_LOCK: Final = 0x72656C736571  # one advisory lock numbers the verdicts
@@ -295,3 +295,23 @@ if TYPE_CHECKING:
 
     def _implements(store: PostgresStore) -> tuple[CalibrationStore, ReviewQueue]:
         return store, store  # mypy checks PostgresStore against both protocols here
+
+
+async def diagnose(dsn: str) -> tuple[str | None, list[int]]:
+    """What ``relmon check-config`` says of a DSN: why it cannot be used (wrong password,
+    host unreachable, no such database) or None, and the migrations a start would apply."""
+    where = _shown(dsn)
+    try:
+        conn = await asyncpg.connect(dsn, timeout=10)
+    except asyncpg.InvalidPasswordError:
+        return f"{where}: authentication failed (check the user and password)", []
+    except asyncpg.InvalidCatalogNameError:
+        return f"{where}: no such database (create it, or fix the DSN's path)", []
+    except (OSError, TimeoutError) as exc:
+        return f"{where}: cannot reach the server ({type(exc).__name__}: {exc})", []
+    except (asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        return f"{where}: {type(exc).__name__}: {exc}", []
+    try:
+        return None, await pending_migrations(conn)
+    finally:
+        await conn.close()

@@ -15,6 +15,7 @@ from monitor import __version__
 from monitor.app.certify_cli import add_certify_parser
 from monitor.app.service_cli import add_service_parsers
 from monitor.app.simulate.cli import add_simulate_parser
+from monitor.app.slo_cli import add_slo_parser
 from monitor.app.verdicts_cli import add_verdicts_parser
 from monitor.core.errors import RelmonError
 
@@ -37,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_simulate_parser(sub)
     add_service_parsers(sub)
     add_verdicts_parser(sub)
+    add_slo_parser(sub)
     return parser
 
 

@@ -30,9 +30,16 @@ from adapters.kafka.source import KafkaEventSource
 from adapters.kafka.verdicts import KafkaVerdictConsumer
 from monitor.app.supervision import supervise
 from monitor.app.validation import validate_settings
-from monitor.app.wiring import ReviewBackend, build_review_backend, build_task, query_hash_key
+from monitor.app.wiring import (
+    ReviewBackend,
+    build_review_auth,
+    build_review_backend,
+    build_task,
+    query_hash_key,
+)
 from monitor.config import Settings
 from monitor.core.errors import ConfigError, RelmonError
+from monitor.engine.follower import VerdictFollower
 from monitor.engine.metrics import Metrics
 from monitor.engine.ports import CalibrationStore, Source
 from monitor.engine.service import MonitorService
@@ -59,6 +66,9 @@ class Running:
     closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     started: bool = False
     """Every listener and source is up (the metrics port answers before the others)."""
+    down: set[str] = field(default_factory=set)
+    """The sources (by ``source_name``) whose run stopped anyway and that are not running
+    again yet (:func:`~monitor.app.supervision.supervise` keeps it)."""
 
     def not_ready_for_traffic(self) -> list[str]:
         """Why the traffic listener cannot take traffic: only while starting or stopping."""
@@ -72,13 +82,7 @@ class Running:
         unreachable sources and open circuit breakers."""
         reasons = [] if self.started else ["starting: not every listener is up yet"]
         reasons += [] if self.service.loaded else ["calibration windows not loaded"]
-        reasons += [
-            f"Kafka broker not reachable ({type(s).__name__}, topic {s.topic})"
-            if s.topic is not None
-            else f"{type(s).__name__} not connected"
-            for s in self.sources
-            if not s.connected
-        ]
+        reasons += [r for r in map(self._source_down, self.sources) if r is not None]
         if not self.service.accepting:
             reasons.append("stopping: no traffic is admitted")
         reasons += [
@@ -86,6 +90,16 @@ class Running:
             for name in self.service.circuits_open()
         ]
         return reasons
+
+    def _source_down(self, s: Source) -> str | None:
+        """Why ``s`` takes nothing now: stopped and being restarted, or not connected."""
+        if s.source_name in self.down:
+            return f"{type(s).__name__} stopped and is being restarted"
+        if s.connected:
+            return None
+        if s.topic is not None:
+            return f"Kafka broker not reachable ({type(s).__name__}, topic {s.topic})"
+        return f"{type(s).__name__} not connected"
 
     async def close(self, drain_timeout_s: float) -> bool:
         if self.traffic_server is not None:
@@ -112,10 +126,19 @@ async def start_service(settings: Settings, *, review_token: str | None = None) 
     authentication, nothing listening), found by one more connection with the same
     options; ``relmon run`` then exits with status 2.
     """
+    partial: list[Running] = []
+    closers: list[Callable[[], Awaitable[None]]] = []
     try:
-        return await _start_service(settings, review_token=review_token)
-    except RelmonError as exc:
-        if not (settings.kafka.enabled and exc.retriable):
+        return await _start_service(settings, review_token, closers, partial)
+    except BaseException as exc:
+        # Whatever started is stopped again: a failed start leaks no port, thread or task.
+        if partial:
+            await partial[0].close(0.0)
+        else:
+            for closer in reversed(closers):
+                with contextlib.suppress(Exception):
+                    await closer()
+        if not (isinstance(exc, RelmonError) and settings.kafka.enabled and exc.retriable):
             raise
         problem = await connection_problem(
             settings.kafka.bootstrap_servers, client_options(settings.kafka)
@@ -125,19 +148,24 @@ async def start_service(settings: Settings, *, review_token: str | None = None) 
         raise type(exc)(f"cannot reach Kafka at {problem}") from exc
 
 
-async def _start_service(settings: Settings, *, review_token: str | None) -> Running:
+async def _start_service(
+    settings: Settings,
+    review_token: str | None,
+    closers: list[Callable[[], Awaitable[None]]],
+    partial: list[Running],
+) -> Running:
     for warning in validate_settings(settings, review_token=review_token):
         log.warning("config_warning", message=warning)
     registry = CollectorRegistry()
     metrics = Metrics(registry, k_max=max(t.k_max for t in settings.tasks))
     tasks = [build_task(t, metrics) for t in settings.tasks]
-    closers: list[Callable[[], Awaitable[None]]] = [t.client.aclose for t in tasks]
+    closers.extend(t.client.aclose for t in tasks)
     redactor = settings.redaction.redactor()
     # One SSL context for every Kafka client.
     kafka_options = client_options(settings.kafka) if settings.kafka.enabled else {}
     scorer = VerdictScorer({t.name: t for t in tasks}, redactor)
     backend = await build_review_backend(settings, scorer, kafka_options)
-    closers += [*backend.closers, backend.store.aclose]
+    closers.extend([*backend.closers, backend.store.aclose])
     service = MonitorService(
         tasks,
         store=backend.store,
@@ -150,6 +178,7 @@ async def _start_service(settings: Settings, *, review_token: str | None) -> Run
         redactor=redactor,
     )
     await service.load()
+    follower = _follower(backend, service, settings, metrics)
     if backend.kafka_store is not None and backend.kafka_queue is not None:
         # The queue's depth starts from the replayed items.
         for pending in backend.kafka_store.pending_item_ids():
@@ -165,6 +194,9 @@ async def _start_service(settings: Settings, *, review_token: str | None) -> Run
         traffic_server=None,
         closers=closers,
     )
+    partial.append(running)
+    if follower is not None:
+        running.sources.append(follower)
     metrics_server = MetricsServer(
         registry,
         running.not_ready,
@@ -174,7 +206,7 @@ async def _start_service(settings: Settings, *, review_token: str | None) -> Run
         traffic_readiness=running.not_ready_for_traffic,
     )
     running.metrics_server = metrics_server
-    await metrics_server.start()
+    await _listen("metrics", settings.metrics.host, settings.metrics.port, metrics_server.start)
     closers.append(metrics_server.stop)
     await _start_review(running, backend, metrics, review_token)
     await _start_traffic(running, metrics)
@@ -193,30 +225,52 @@ async def _start_service(settings: Settings, *, review_token: str | None) -> Run
     return running
 
 
+def _follower(
+    backend: ReviewBackend, service: MonitorService, settings: Settings, metrics: Metrics
+) -> VerdictFollower | None:
+    """With a shared store: the other replicas' verdicts, from where the load stopped."""
+    if backend.shared is None:
+        return None
+    follower = VerdictFollower(backend.shared, service.calibration, sync_s=settings.store.sync_s)
+    follower.start(service.calibration.loaded_through)
+    metrics.init_source(follower.source_name, traffic=False)
+    return follower
+
+
+async def _listen(name: str, host: str, port: int, start: Callable[[], Awaitable[None]]) -> None:
+    """Start a listener; a taken port is a ConfigError naming it, not a traceback."""
+    try:
+        await start()
+    except OSError as exc:
+        raise ConfigError(
+            f"{name}.port: cannot listen on {host}:{port}: {exc.strerror or exc} "
+            "(another process holds it?)"
+        ) from None
+
+
 async def _start_review(
     running: Running, backend: ReviewBackend, metrics: Metrics, review_token: str | None
 ) -> None:
     """The review API and page on the SQLite store, or the Kafka verdict follower."""
     settings, service = running.settings, running.service
-    if backend.sqlite is not None:
-        token = review_token or settings.resolved_review_token()
-        if not token:  # validate_settings reports this first
-            raise ConfigError("review.token: the review API needs a token")
+    if backend.review_store is not None:
         running.review_server = ReviewServer(
-            store=backend.sqlite,
+            store=backend.review_store,
             handler=service.apply_verdict,
-            token=token,
+            auth=build_review_auth(settings, review_token),  # validate_settings checked it
             host=settings.review.host,
             port=settings.review.port,
             page=ReviewPage(
-                store=backend.sqlite,
+                store=backend.review_store,
                 handler=service.apply_verdict,
                 progress=service.review_progress,
                 lease_s=settings.review.lease_s,
                 undo_s=settings.review.undo_s,
             ),
         )
-        await running.review_server.start()
+        await _listen(
+            "review", settings.review.host, settings.review.port, running.review_server.start
+        )
         running.closers.append(running.review_server.stop)
         return
     assert backend.kafka_store is not None  # review.backend kafka
@@ -251,7 +305,9 @@ async def _start_traffic(running: Running, metrics: Metrics) -> None:
         upstream_url=settings.traffic.upstream_url,
         max_body_bytes=settings.traffic.max_body_bytes,
     )
-    await running.traffic_server.start()
+    await _listen(
+        "traffic", settings.traffic.host, settings.traffic.port, running.traffic_server.start
+    )
     if running.review_server is not None:  # described in the review port's /openapi.json
         host, port = settings.traffic.host, running.traffic_server.bound_port
         running.review_server.traffic_url = f"http://{host}:{port}"
@@ -270,6 +326,7 @@ async def _start_kafka_source(
         kafka.dead_letter_topic,
         functools.partial(service.offer, wait=True),
         service.reject,
+        max_event_bytes=kafka.max_event_bytes,
         lag_gauge=metrics.kafka_consumer_lag,
         **kafka_options,
         **group_options(kafka),
@@ -283,12 +340,18 @@ def _supervise_sources(running: Running, metrics: Metrics, kafka_options: dict[s
     explain: Callable[[], Awaitable[str | None]] | None = None
     if kafka.enabled:  # every source is a Kafka client
         explain = functools.partial(connection_problem, kafka.bootstrap_servers, kafka_options)
+
+    def restarted(name: str) -> None:
+        metrics.source_restarts.labels(name).inc()
+        running.down.discard(name)
+
     running.tasks = [
         asyncio.create_task(
             supervise(
                 s,
-                on_restart=metrics.source_restarts.labels(s.source_name).inc,
-                explain=explain,
+                on_restart=functools.partial(restarted, s.source_name),
+                on_down=functools.partial(running.down.add, s.source_name),
+                explain=explain if s.topic is not None else None,  # Kafka's: a topic
             ),
             name=f"relmon-{type(s).__name__}",
         )

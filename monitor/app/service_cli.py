@@ -14,9 +14,11 @@ import structlog
 
 from monitor.app.demo import run_demo
 from monitor.app.logs import configure_logging
+from monitor.app.probe import listener_problems, probe_endpoints, store_problems
 from monitor.app.runner import run_service
 from monitor.app.validation import validate_settings
 from monitor.config import effective_settings, load_settings
+from monitor.core.errors import ConfigError
 
 __all__ = ["add_service_parsers"]
 
@@ -33,9 +35,22 @@ def _run(args: argparse.Namespace) -> int:
 def _check_config(args: argparse.Namespace) -> int:
     settings = load_settings(args.config)
     warnings = validate_settings(settings)  # exactly what `relmon run` checks at start
+    store, pending = (
+        asyncio.run(store_problems(settings)) if settings.store.backend == "postgres" else ([], [])
+    )
+    warnings += [f"{settings._source}: {w}" for w in pending]
+    busy = listener_problems(settings) + store
+    if busy:
+        raise ConfigError("\n".join(f"{settings._source}: {p}" for p in busy))
     print(json.dumps(effective_settings(settings), indent=2, sort_keys=True))
     for warning in warnings:
         print(f"relmon: warning: {warning}", file=sys.stderr)
+    if args.probe:
+        lines = asyncio.run(probe_endpoints(settings))
+        for line in lines:
+            print(f"relmon: probe: {line}", file=sys.stderr)
+        if any(": FAILED: " in line for line in lines):
+            return 2
     return 0
 
 
@@ -89,12 +104,19 @@ def add_service_parsers(sub: Any) -> None:
         "check-config",
         help="validate a config and print the effective settings (secrets masked)",
         description="Run every check `relmon run` runs at start (fields, canonicalizers, "
-        "the re-asked model, the review token, Kafka, the call budget) without binding a "
-        "port or creating a file; print the effective settings as JSON with secrets "
-        "masked. Problems: one line each naming the field, exit status 2. Warnings (the "
-        "budget cannot fit tasks' expected_events_per_s): on stderr, exit status 0.",
+        "the re-asked model, the review token, Kafka, the call budget) and check that each "
+        "listener's port is free, without creating a file; print the effective settings as "
+        "JSON with secrets masked. Problems: one line each naming the field, exit status 2. "
+        "Warnings (the budget cannot fit tasks' expected_events_per_s): on stderr, exit "
+        "status 0. With --probe, also send one small request to each task's endpoint and "
+        "say what came back (exit status 2 if one failed).",
     )
     check.add_argument("--config", type=Path, help="YAML settings file")
+    check.add_argument(
+        "--probe",
+        action="store_true",
+        help="send one small request to each task's model endpoint and report the answer",
+    )
     check.set_defaults(handler=_check_config)
 
     demo = sub.add_parser(

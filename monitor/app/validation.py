@@ -256,6 +256,34 @@ def _canonicalizer_problems(where: str, t: TaskSettings) -> list[str]:
     return []
 
 
+def _review_auth_problems(
+    settings: Settings, review_token: str | None, token_twice: bool
+) -> list[str]:
+    """The review API's authentication (``review.auth``): with ``token``, a shared token
+    or a readable ``review.tokens_file``; with ``proxy`` the field checks suffice."""
+    if settings.review.auth == "proxy":
+        return []
+    problems: list[str] = []
+    try:
+        reviewers = settings.review.reviewer_tokens()
+    except ConfigError as exc:
+        problems.append(str(exc))
+        reviewers = {"(reported)": []}
+    token = review_token or ("(reported)" if token_twice else None)
+    if not token:
+        try:
+            token = settings.resolved_review_token()
+        except ConfigError as exc:
+            problems.append(str(exc))
+            token = "(reported)"
+    if not token and not reviewers:
+        problems.append(
+            "review.token: the review API needs a token: set RELMON_REVIEW_TOKEN, "
+            "review.token, review.token_file or review.tokens_file"
+        )
+    return problems
+
+
 def _secret_problems(settings: Settings, review_token: str | None) -> list[str]:
     """Secrets given twice or unreadable; the review token the HTTP backend needs; the
     state directory that keeps the store or the generated query hash key."""
@@ -270,18 +298,7 @@ def _secret_problems(settings: Settings, review_token: str | None) -> list[str]:
         problem = _state_dir_problem(settings.state_dir)
         if problem:
             problems.append(f"state_dir: {problem}")
-        token = review_token or ("(reported)" if token_twice else None)
-        if not token:
-            try:
-                token = settings.resolved_review_token()
-            except ConfigError as exc:
-                problems.append(str(exc))
-                token = "(reported)"
-        if not token:
-            problems.append(
-                "review.token: the review API needs a token: set RELMON_REVIEW_TOKEN, "
-                "review.token or review.token_file"
-            )
+        problems += _review_auth_problems(settings, review_token, token_twice)
     if settings.query_hash_key is not None and settings.query_hash_key_file is not None:
         problems.append(given_twice("query_hash_key", "RELMON_QUERY_HASH_KEY"))
     elif settings.query_hash_key_file is not None:
@@ -295,6 +312,32 @@ def _secret_problems(settings: Settings, review_token: str | None) -> list[str]:
             problems.append(
                 f"state_dir: {problem} (it keeps the query hash key; or set query_hash_key)"
             )
+    return problems
+
+
+def _store_problems(settings: Settings) -> list[str]:
+    """``store``: a PostgreSQL store needs a DSN (given once) and the HTTP review backend."""
+    store = settings.store
+    if store.backend != "postgres":
+        return []
+    problems: list[str] = []
+    if settings.review.backend != "http":
+        problems.append(
+            "store.backend: postgres holds the review queue of review.backend: http; with "
+            "review.backend: kafka the Kafka topics are the store (remove store.backend)"
+        )
+    if store.dsn is not None and store.dsn_file is not None:
+        problems.append(given_twice("store.dsn", "RELMON_STORE__DSN"))
+    elif store.dsn_file is not None:
+        try:
+            store.resolved_dsn()
+        except ConfigError as exc:
+            problems.append(str(exc))
+    elif store.resolved_dsn() is None:
+        problems.append(
+            "store.dsn: required with store.backend: postgres: set store.dsn, "
+            "RELMON_STORE__DSN or store.dsn_file (postgresql://user:password@host/db)"
+        )
     return problems
 
 
@@ -323,6 +366,7 @@ def validate_settings(settings: Settings, *, review_token: str | None = None) ->
         kafka_problems, kafka_warnings = _kafka_problems(settings.kafka)
         problems += kafka_problems
     problems += _secret_problems(settings, review_token)
+    problems += _store_problems(settings)
     if problems:
         raise ConfigError("\n".join(f"{settings._source}: {p}" for p in problems))
     return [f"{settings._source}: {w}" for w in [*kafka_warnings, *budget_warnings(settings)]]

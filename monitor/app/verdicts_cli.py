@@ -11,7 +11,9 @@ order the calibration windows load them. JSONL keeps everything::
 ``answers`` (every candidate repeated by its count) and ``acceptable`` (the accepted
 candidates, or the reviewer's correct answer) make a JSONL export readable by
 ``relmon certify`` as both ``--samples`` and ``--labels``. CSV has one column per
-field, ``accepted_ranks`` joined by ``;`` and ``candidates`` as JSON.
+field, ``accepted_ranks`` joined by ``;`` and ``candidates`` as JSON; every cell is safe
+to open in a spreadsheet or print in a terminal (:mod:`monitor.app.spreadsheet`: a cell
+that starts like a formula gets a leading ``'``, controls are written as ``\\xHH``).
 
 Import reads either format back into a state directory: a review item and its verdict
 per record; an item that already has a verdict keeps it (verdicts are idempotent by
@@ -42,6 +44,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from adapters.sqlite.store import ExportedVerdict, SqliteStore
+from monitor.app.spreadsheet import cell_from_csv, cell_to_csv
 from monitor.config import load_settings
 from monitor.core.errors import ConfigError, InputError
 from monitor.core.review import ReviewItem, Verdict, parse_verdict, verdict_score
@@ -145,6 +148,11 @@ def record_from_json(obj: Any) -> Any:
 
 
 def _csv_row(row: Any) -> dict[str, str]:
+    """One CSV row; every cell safe to open (:mod:`monitor.app.spreadsheet`)."""
+    return {name: cell_to_csv(cell) for name, cell in _csv_cells(row).items()}
+
+
+def _csv_cells(row: Any) -> dict[str, str]:
     d = record_to_json(row)
     v = d["verdict"]
     return {
@@ -166,7 +174,8 @@ def _csv_row(row: Any) -> dict[str, str]:
     }
 
 
-def _from_csv_row(row: dict[str, str]) -> Any:
+def _from_csv_row(cells: dict[str, str]) -> Any:
+    row = {k: cell_from_csv(v) if isinstance(v, str) else v for k, v in cells.items()}
     missing = [f for f in CSV_FIELDS if row.get(f) is None and f not in _OPTIONAL_CSV_FIELDS]
     if missing:
         raise InputError(f"missing column(s) {', '.join(missing)}")
@@ -268,6 +277,12 @@ def _store_path(args: argparse.Namespace) -> Path:
         raise ConfigError(
             "review.backend: relmon verdicts works with the SQLite review store; with the "
             "Kafka backend the verdict topic is the record (copy or mirror the topic)"
+        )
+    if settings.store.backend == "postgres":
+        raise ConfigError(
+            "store.backend: relmon verdicts does not read the PostgreSQL store yet; its "
+            "records and review_items tables hold the same data (pg_dump -t records -t "
+            "review_items)"
         )
     return Path(settings.state_dir) / "relmon.sqlite3"
 

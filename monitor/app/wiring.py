@@ -8,9 +8,11 @@ implementation of a port (:mod:`monitor.engine.ports`).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import secrets
 import tempfile
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ from typing import Any
 import structlog
 
 from adapters.canon.registry import get_async_canonicalizer
+from adapters.http.review_auth import ReviewAuth
 from adapters.kafka.review import (
     KafkaCalibrationStore,
     KafkaReviewQueue,
@@ -25,10 +28,12 @@ from adapters.kafka.review import (
     start_producer,
 )
 from adapters.openai.client import OUTCOMES, OpenAIClient
+from adapters.postgres.store import PostgresStore
 from adapters.sqlite.store import SqliteStore
 from monitor.config import Settings, TaskSettings
 from monitor.core.canon import get_canonicalizer
 from monitor.core.canon.base import Canonicalizer
+from monitor.core.canon.toolcall import PlainAnswersOnly
 from monitor.core.errors import ConfigError
 from monitor.core.stopping import get_stopping_rule
 from monitor.engine.metrics import Metrics
@@ -39,6 +44,7 @@ from monitor.engine.verdicts import VerdictScorer
 __all__ = [
     "QUERY_HASH_KEY_FILE",
     "ReviewBackend",
+    "build_review_auth",
     "build_review_backend",
     "build_task",
     "query_hash_key",
@@ -116,10 +122,13 @@ def build_task(task: TaskSettings, metrics: Metrics) -> TaskRuntime:
         retries=endpoint.retry_limits(),
         breaker_threshold=endpoint.circuit_breaker.failures,
         breaker_cooldown_s=endpoint.circuit_breaker.cooldown_s,
+        forward=True,  # the engine sends the re-ask of the production request
         on_outcome=outcome,
     )
     spec, options = task.canonicalizer_spec()
     canonicalizer = get_async_canonicalizer(spec, model_client_factory=_judge_client, **options)
+    if task.canonicalizer.strip().lower() != "tool_call":
+        canonicalizer = PlainAnswersOnly(canonicalizer)  # a tool-call answer is INVALID
     # For verdicts that type the answer instead of picking a rank (sync canonicalizers only).
     async_only = task.canonicalizer.strip().lower() in _ASYNC_ONLY  # answer_pattern or not
     sync: Canonicalizer | None = None if async_only else get_canonicalizer(spec, **options)
@@ -136,8 +145,10 @@ class ReviewBackend:
 
     store: CalibrationStore
     queue: ReviewQueue
-    sqlite: SqliteStore | None = None
-    """The SQLite store, which also serves the review API and page (HTTP backend)."""
+    review_store: SqliteStore | PostgresStore | None = None
+    """The store that also serves the review API and page (HTTP backend)."""
+    shared: PostgresStore | None = None
+    """A store other replicas write too: this one follows their verdicts."""
     kafka_store: KafkaCalibrationStore | None = None
     kafka_queue: KafkaReviewQueue | None = None
     closers: list[Any] = field(default_factory=list)
@@ -167,6 +178,66 @@ async def build_review_backend(
             kafka_queue=kafka_queue,
             closers=[producer.stop],
         )
+    if settings.store.backend == "postgres":
+        dsn = settings.store.resolved_dsn()
+        if dsn is None:  # validate_settings reports this first
+            raise ConfigError("store.dsn: required with store.backend: postgres")
+        shared = await PostgresStore.open(dsn)
+        return ReviewBackend(shared, shared, review_store=shared, shared=shared)
     settings.state_dir.mkdir(parents=True, exist_ok=True)
-    sqlite = SqliteStore(Path(settings.state_dir) / "relmon.sqlite3")
-    return ReviewBackend(sqlite, sqlite, sqlite=sqlite)
+    unlock = lock_state_dir(Path(settings.state_dir))
+    try:
+        sqlite = SqliteStore(Path(settings.state_dir) / "relmon.sqlite3")
+    except BaseException:
+        await unlock()
+        raise
+    return ReviewBackend(sqlite, sqlite, review_store=sqlite, closers=[unlock])
+
+
+def lock_state_dir(state_dir: Path) -> Callable[[], Awaitable[None]]:
+    """Hold ``state_dir/relmon.lock`` while this process runs: the SQLite store is one
+    process's, and a second ``relmon run`` on the same state dir is refused at start
+    (``relmon verdicts`` and other readers do not take the lock). Returns the release."""
+    path = state_dir / "relmon.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 32).decode("ascii", "replace").strip() or "another process"
+        os.close(fd)
+        raise ConfigError(
+            f"state_dir: {state_dir} is in use by another relmon (pid {holder}); the SQLite "
+            "store is one process's: give each process its own state_dir, or share "
+            "store.backend: postgres"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode("ascii"))
+
+    async def release() -> None:
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+    return release
+
+
+def build_review_auth(settings: Settings, review_token: str | None = None) -> ReviewAuth:
+    """How the review API and page authenticate (``review.auth``): the shared token
+    (``review_token``, the demo's, else RELMON_REVIEW_TOKEN / ``review.token`` /
+    ``review.token_file``) and the per-reviewer tokens of ``review.tokens_file``, or the
+    trusted auth proxy. :class:`ConfigError` naming the field if unusable."""
+    review = settings.review
+    if review.auth == "proxy":
+        return ReviewAuth(
+            mode="proxy",
+            proxy_headers=review.proxy_headers,
+            trusted_proxies=review.trusted_proxies,
+        )
+    token = review_token or settings.resolved_review_token()
+    reviewers = review.reviewer_tokens()
+    if not token and not reviewers:
+        raise ConfigError(
+            "review.token: the review API needs a token: set RELMON_REVIEW_TOKEN, "
+            "review.token, review.token_file or review.tokens_file"
+        )
+    return ReviewAuth(token=token, reviewer_tokens=reviewers)

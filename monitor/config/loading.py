@@ -58,6 +58,7 @@ def effective_settings(settings: Settings) -> dict[str, Any]:
     data["review_token"] = "**********" if settings.review_token else None
     data["query_hash_key"] = "**********" if settings.query_hash_key else None
     data["kafka"]["sasl"]["password"] = "**********" if settings.kafka.sasl.password else None
+    data["store"]["dsn"] = "**********" if settings.store.dsn else None
     for task, raw in zip(data["tasks"], settings.tasks, strict=True):
         task["endpoint"]["api_key"] = "**********" if raw.endpoint.api_key else None
     data["environment_overrides"] = sorted(k for k in os.environ if k.startswith("RELMON_"))

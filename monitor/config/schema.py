@@ -32,9 +32,12 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from monitor.config.identity import ReviewIdentitySettings
 from monitor.config.secrets import read_secret
 from monitor.config.sources import YAML_DATA, IndexedEnvSource, YamlSource
+from monitor.config.store import StoreSettings
 from monitor.core.redaction import BUILTIN_RULES, Redactor
+from monitor.core.review import MAX_TASK_NAME_CHARS
 from monitor.core.stopping import DEFAULT_FUTILITY, DEFAULT_RULE, available_rules
 
 __all__ = [
@@ -47,9 +50,11 @@ __all__ = [
     "KafkaTlsSettings",
     "ListenSettings",
     "MatchSettings",
+    "ReaskSettings",
     "RedactionRuleSettings",
     "RedactionSettings",
     "RetrySettings",
+    "ReviewIdentitySettings",
     "ReviewSettings",
     "Settings",
     "TaskSettings",
@@ -113,6 +118,8 @@ class EndpointSettings(_Strict):
     model: str | None = None  # required unless the task's match.model names it
     api_key: SecretStr | None = None
     api_key_file: Path | None = None  # e.g. a mounted Kubernetes Secret
+    # Only for a request relmon builds itself (an event that carries only messages):
+    # any other re-ask sends the request's own fields (tasks[].reask).
     temperature: float = Field(0.7, ge=0, le=2)
     max_tokens: int = Field(256, ge=1)
     timeout_s: float = Field(30.0, gt=0)
@@ -146,6 +153,23 @@ class EndpointSettings(_Strict):
         return None
 
 
+class ReaskSettings(_Strict):
+    """How a re-ask differs from the production request (monitor.core.reask)."""
+
+    min_temperature: float = Field(0.5, ge=0, le=2)  # a lower temperature is raised to it
+    set: dict[str, Any] = {}  # fields replaced or added in every re-ask
+    drop: list[str] = []  # fields removed from every re-ask
+
+    @model_validator(mode="after")
+    def _not_relmons_own(self) -> ReaskSettings:
+        own = sorted({"n", "stream", "stream_options"} & (set(self.set) | set(self.drop)))
+        if own:
+            raise ValueError(f"{', '.join(own)}: relmon's own fields cannot be set or dropped")
+        if "messages" in self.set or "messages" in self.drop:
+            raise ValueError("messages: the question itself cannot be set or dropped")
+        return self
+
+
 class MatchSettings(_Strict):
     """How traffic is matched to the task: any given condition must hold."""
 
@@ -155,12 +179,13 @@ class MatchSettings(_Strict):
 
 
 class TaskSettings(_Strict):
-    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.:-]+$")
+    name: str = Field(min_length=1, max_length=MAX_TASK_NAME_CHARS, pattern=r"^[A-Za-z0-9_.:-]+$")
     match: MatchSettings = MatchSettings()
     canonicalizer: str = "text"
     canonicalizer_options: dict[str, Any] = {}
     answer_pattern: str | None = None  # a regex applied before the canonicalizer
     endpoint: EndpointSettings = EndpointSettings()
+    reask: ReaskSettings = ReaskSettings()
     k_max: int = Field(20, ge=1, le=200)
     k0: int = Field(3, ge=1)
     delta: float = Field(0.05, gt=0, lt=1)
@@ -312,8 +337,13 @@ class KafkaSettings(_Strict):
     verdict_wait_s: float = Field(30.0, gt=0, le=3600)
     """How long a verdict whose review item has not arrived yet waits for it."""
 
+    # Sources never die silently (docs/kafka.md, "A bad event"): one traffic record's size limit.
+    max_event_bytes: int = Field(1_048_576, ge=1024, le=67_108_864)
+    """A traffic record over this many bytes is rejected and dead-lettered (1 MiB, as
+    ``traffic.max_body_bytes``)."""
 
-class ReviewSettings(_Strict):
+
+class ReviewSettings(ReviewIdentitySettings):
     backend: Literal["http", "kafka"] = "http"
     host: str = "127.0.0.1"
     port: int = Field(9109, ge=0, le=65535)
@@ -390,6 +420,7 @@ class Settings(BaseSettings):
     traffic: TrafficSettings = TrafficSettings()
     metrics: ListenSettings = ListenSettings(port=9108)
     review: ReviewSettings = ReviewSettings()
+    store: StoreSettings = StoreSettings()
     kafka: KafkaSettings = KafkaSettings()
     budget: BudgetSettings = BudgetSettings()
     review_token: SecretStr | None = None  # RELMON_REVIEW_TOKEN

@@ -5,7 +5,9 @@ Every error relmon raises on purpose derives from :class:`RelmonError`::
     RelmonError
     ├── ConfigError            bad settings, an unknown canonicalizer, bad arguments
     ├── InputError             bad data from a file or a message (names where it came from)
-    │   └── CanonicalizationError  an answer or a label cannot be canonicalized as asked
+    │   ├── CanonicalizationError  an answer or a label cannot be canonicalized as asked
+    │   └── TooLargeError      a field or a message over its documented size limit (HTTP
+    │                          413, a Kafka dead letter; the limits: monitor.core.review)
     ├── CalibrationError       not enough calibration data for what was asked
     ├── ModelCallError         a call to the model endpoint failed (retriable: timeouts,
     │                          429, 5xx, connection errors; not: 4xx, garbage bodies)
@@ -35,6 +37,7 @@ __all__ = [
     "RelmonError",
     "StateError",
     "StoreError",
+    "TooLargeError",
 ]
 
 
@@ -62,6 +65,10 @@ class InputError(RelmonError, ValueError):
 
 class CanonicalizationError(InputError):
     """An answer or label that a canonicalizer cannot handle as configured."""
+
+
+class TooLargeError(InputError):
+    """Input over a documented size limit; the message names the field and the limit."""
 
 
 class CalibrationError(RelmonError):

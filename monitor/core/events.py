@@ -25,6 +25,7 @@ from monitor.core.errors import InputError
 
 __all__ = [
     "MAX_EVENT_BYTES",
+    "MAX_EVENT_ID_CHARS",
     "TrafficEvent",
     "event_from_request",
     "is_text",
@@ -34,6 +35,9 @@ __all__ = [
 ]
 
 MAX_EVENT_BYTES = 1_048_576
+MAX_EVENT_ID_CHARS = 512
+"""An event id longer than this is rejected: with the task name (at most 256
+characters) it makes the item id, which a verdict names (``monitor.core.review``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +135,8 @@ def parse_event(
         raise _reject("'id' must be a non-empty string")
     if not is_text(str(item_id)):
         raise _reject("'id' must be valid Unicode")
+    if len(str(item_id)) > MAX_EVENT_ID_CHARS:
+        raise _reject(f"'id' is over the limit of {MAX_EVENT_ID_CHARS} characters")
     request = obj.get("request")
     if not isinstance(request, dict):
         raise _reject("'request' must be a chat request with a non-empty 'messages' list")

@@ -17,19 +17,56 @@ from typing import Any
 from monitor.core.canon.base import INVALID, Canonicalizer, QueryContext
 from monitor.core.conformal import quantile_index
 from monitor.core.consensus import Consensus
-from monitor.core.errors import InputError
+from monitor.core.errors import InputError, TooLargeError
 from monitor.core.events import is_text
 from monitor.core.scores import rank_score
 
 __all__ = [
+    "MAX_ACCEPTED_RANKS",
+    "MAX_CORRECT_ANSWER_CHARS",
+    "MAX_ITEM_ID_CHARS",
+    "MAX_REVIEWER_CHARS",
+    "MAX_TASK_NAME_CHARS",
+    "MAX_VERDICT_BYTES",
     "ReviewItem",
     "TaskProgress",
     "Verdict",
     "aci_miss",
+    "check_item_id_size",
     "minimum_calibration_items",
     "parse_verdict",
+    "reviewer_name_problem",
     "verdict_score",
 ]
+
+# The size limits of a verdict, wherever it comes from (review API, review page, Kafka
+# verdict topic, an import): over one, parse_verdict raises TooLargeError, which the
+# review API answers 413 and the Kafka follower dead-letters. docs/review.md lists them.
+MAX_VERDICT_BYTES = 65_536
+"""The whole verdict, as sent (JSON bytes; unknown fields are ignored but count)."""
+MAX_TASK_NAME_CHARS = 256
+"""``tasks[].name`` (the settings schema checks it): with the event id limit
+(``monitor.core.events.MAX_EVENT_ID_CHARS``) every item id, ``task:event id``, fits in
+:data:`MAX_ITEM_ID_CHARS`."""
+MAX_ITEM_ID_CHARS = 1024
+"""``item_id`` (at least ``MAX_TASK_NAME_CHARS + 1 + MAX_EVENT_ID_CHARS``)."""
+MAX_REVIEWER_CHARS = 256
+"""``reviewer``: a name or an e-mail address (kept whole, never cut)."""
+MAX_CORRECT_ANSWER_CHARS = 4096
+"""``correct_answer``: the reviewer's own answer to a "none of these"."""
+MAX_ACCEPTED_RANKS = 200
+"""Entries of ``accepted_ranks``: an item has at most ``k_max`` <= 200 candidates."""
+
+
+def _reask_changes(raw: Any) -> dict[str, dict[str, Any]]:
+    """A review item's ``reask_changes`` (absent in items written before it existed)."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, Mapping) for k, v in raw.items()
+    ):
+        raise ValueError("reask_changes must map field names to {from, to}")
+    return {k: {kk: vv for kk, vv in v.items() if kk in ("from", "to")} for k, v in raw.items()}
 
 
 def _finite_or_inf(value: float) -> float | str:
@@ -51,6 +88,9 @@ class ReviewItem:
     """(alpha, M*(alpha)) in force when the item was scored: its verdict checks them."""
     aci_threshold: float | None = None
     """With ACI on, the threshold served at the adaptive alpha_t when it was scored."""
+    reask_changes: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """How the re-asks differed from the request production sent: field ->
+    ``{"from": sent, "to": re-asked}`` (:mod:`monitor.core.reask`); shown to the reviewer."""
 
     @classmethod
     def from_consensus(
@@ -65,6 +105,7 @@ class ReviewItem:
         sampled_at: float,
         thresholds: tuple[tuple[float, float], ...] = (),
         aci_threshold: float | None = None,
+        reask_changes: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> ReviewItem:
         return cls(
             item_id=item_id,
@@ -77,6 +118,7 @@ class ReviewItem:
             sampled_at=sampled_at,
             thresholds=thresholds,
             aci_threshold=aci_threshold,
+            reask_changes=dict(reask_changes or {}),
         )
 
     @property
@@ -94,6 +136,10 @@ class ReviewItem:
             del d["aci_threshold"]
         else:
             d["aci_threshold"] = _finite_or_inf(self.aci_threshold)
+        if self.reask_changes:
+            d["reask_changes"] = {k: dict(v) for k, v in self.reask_changes.items()}
+        else:
+            del d["reask_changes"]
         return d
 
     @classmethod
@@ -115,8 +161,9 @@ class ReviewItem:
                 aci_threshold=(
                     None if d.get("aci_threshold") is None else float(d["aci_threshold"])
                 ),
+                reask_changes=_reask_changes(d.get("reask_changes")),
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:  # Overflow: Infinity
             raise InputError(f"malformed review item: {exc}") from None
 
 
@@ -144,9 +191,41 @@ class Verdict:
         }
 
 
+def reviewer_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot name an authenticated reviewer (a per-reviewer token's name, an
+    auth proxy's header), None if it can: 1 to :data:`MAX_REVIEWER_CHARS` printable
+    characters (no controls, no bidi overrides), valid Unicode."""
+    if not name.strip():
+        return "is empty"
+    if len(name) > MAX_REVIEWER_CHARS:
+        return f"is over the limit of {MAX_REVIEWER_CHARS} characters"
+    if not is_text(name) or not name.isprintable():
+        return "holds characters that are not printable (or not valid Unicode)"
+    return None
+
+
+def _check_size(name: str, size: int, limit: int, unit: str = "characters") -> None:
+    if size > limit:
+        raise TooLargeError(f"'{name}' has {size} {unit}, over the limit of {limit}")
+
+
+def check_item_id_size(item_id: str) -> None:
+    """:class:`TooLargeError` if ``item_id`` is over :data:`MAX_ITEM_ID_CHARS`."""
+    _check_size("item_id", len(item_id), MAX_ITEM_ID_CHARS)
+
+
 def parse_verdict(obj: Any, *, item_id: str | None = None, max_rank: int | None = None) -> Verdict:
-    """Validate a verdict body; ``item_id`` from the URL wins over the body's."""
+    """Validate a verdict body; ``item_id`` from the URL wins over the body's.
+
+    :class:`InputError` for a malformed verdict; :class:`TooLargeError` (one of them)
+    for a verdict or a field over its size limit (the ``MAX_*`` constants above).
+    """
     if isinstance(obj, bytes | str):
+        size = len(obj if isinstance(obj, bytes) else obj.encode("utf-8", "surrogatepass"))
+        if size > MAX_VERDICT_BYTES:
+            raise TooLargeError(
+                f"verdict of {size} bytes is over the limit of {MAX_VERDICT_BYTES} bytes"
+            )
         try:
             obj = json.loads(obj)
         except (ValueError, RecursionError):  # also a number over 4,300 digits
@@ -156,7 +235,10 @@ def parse_verdict(obj: Any, *, item_id: str | None = None, max_rank: int | None 
     vid = item_id if item_id is not None else obj.get("item_id")
     if not is_text(vid) or not vid:
         raise InputError("verdict needs an 'item_id'")
+    check_item_id_size(vid)
     ranks = obj.get("accepted_ranks", [])
+    if isinstance(ranks, list):
+        _check_size("accepted_ranks", len(ranks), MAX_ACCEPTED_RANKS, "entries")
     if not isinstance(ranks, list) or not all(
         isinstance(r, int) and not isinstance(r, bool) and r >= 1 for r in ranks
     ):
@@ -173,15 +255,18 @@ def parse_verdict(obj: Any, *, item_id: str | None = None, max_rank: int | None 
     correct = obj.get("correct_answer")
     if correct is not None and not is_text(correct):
         raise InputError("'correct_answer' must be a string")
+    if correct is not None:
+        _check_size("correct_answer", len(correct), MAX_CORRECT_ANSWER_CHARS)
     reviewer = obj.get("reviewer", "unknown")
     if not is_text(reviewer):
         raise InputError("'reviewer' must be a string")
+    _check_size("reviewer", len(reviewer), MAX_REVIEWER_CHARS)
     return Verdict(
         item_id=vid,
         accepted_ranks=tuple(sorted(set(ranks))),
         none_of_these=none,
         correct_answer=correct,
-        reviewer=reviewer[:128],
+        reviewer=reviewer,
     )
 
 

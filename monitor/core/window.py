@@ -206,6 +206,9 @@ class CalibrationWindow:
         total = sum(self._mass.values()) / _ONE
         if self.half_life_s is None or not self._entries:
             return values, masses, total, self.test_weight
+        # A verdict sampled "after" now (another replica's clock runs ahead) is as fresh
+        # as can be, not fresher: ages are never negative.
+        now = max(now, self._t_max)
         f = 2.0 ** (-(now - self._t_ref) / self.half_life_s)
         return values, masses, total, (self.test_weight / f if f > 0 else math.inf)
 

@@ -21,7 +21,13 @@ from monitor.core.errors import InputError
 from monitor.core.review import ReviewItem, TaskProgress, Verdict, minimum_calibration_items
 from monitor.core.window import CalibrationWindow, WindowSnapshot
 from monitor.engine.metrics import Metrics
-from monitor.engine.ports import CalibrationRecord, CalibrationStore, Clock, VerdictOutcome
+from monitor.engine.ports import (
+    CalibrationRecord,
+    CalibrationStore,
+    Clock,
+    SharedStore,
+    VerdictOutcome,
+)
 from monitor.engine.runtime import TaskRuntime
 from monitor.engine.verdicts import VerdictScorer, calibration_record, ranks_beyond_candidates
 
@@ -66,6 +72,8 @@ class Calibration:
         self.clock = clock
         self.scorer = scorer
         self.windows: dict[tuple[str, str], WindowState] = {}
+        self.loaded_through = 0
+        """The highest first order key :meth:`load` read (a shared store's ``seq``)."""
 
     def state(self, model: str, task: TaskRuntime) -> WindowState:
         key = (model, task.name)
@@ -113,16 +121,27 @@ class Calibration:
         """Rebuild the windows from the store; returns how many records were loaded."""
         loaded = 0
         for r in await self.store.load_records():
+            if r.order:
+                self.loaded_through = max(self.loaded_through, r.order[0])
             task = self.tasks.get(r.task)
             if task is None:
                 continue  # a task no longer configured
             loaded += self._add(self.state(r.model, task), r)
-        for (model, name), count in (await self.store.pending_counts()).items():
-            if name in self.tasks:
-                self.state(model, self.tasks[name]).pending_reviews = count
+        self.set_pending(await self.store.pending_counts())
         for (model, name), state in self.windows.items():
             self._publish_alarm(model, name, state)
         return loaded
+
+    def set_pending(self, counts: Mapping[tuple[str, str], int]) -> None:
+        """The review items waiting per (model, task), as the store counts them (a
+        shared store: every replica's)."""
+        for state in self.windows.values():
+            state.pending_reviews = 0
+        for (model, name), count in counts.items():
+            if name in self.tasks:
+                self.state(model, self.tasks[name]).pending_reviews = count
+        for (model, name), state in self.windows.items():
+            self.metrics.review_queue_depth.labels(model, name).set(state.pending_reviews)
 
     def _add(self, state: WindowState, record: CalibrationRecord) -> bool:
         """A record into the window and what follows the same verdicts; False if the
@@ -155,13 +174,14 @@ class Calibration:
     def reject_verdict(self, kind: str, reason: str) -> None:
         """A verdict a review backend refused before it reached :meth:`apply_verdict`
         (``invalid``: unreadable; ``unknown``: its review item never came)."""
-        self.metrics.reviews.labels("", "", kind).inc()
+        self.metrics.verdicts_rejected.labels(kind).inc()
         log.warning("verdict_rejected", kind=kind, reason=reason)
 
     async def apply_verdict(self, verdict: Verdict) -> VerdictOutcome:
         item = await self.store.get_review_item(verdict.item_id)
         if item is None or item.task not in self.tasks:
-            self.metrics.reviews.labels("", "", "unknown").inc()
+            # No item, so no model or task to count it under (not empty labels).
+            self.metrics.verdicts_rejected.labels("unknown").inc()
             return VerdictOutcome("unknown", reason="no such review item")
         task = self.tasks[item.task]
         if ranks_beyond_candidates(item, verdict):
@@ -175,12 +195,40 @@ class Calibration:
             stored = await self.store.get_record(item.item_id)
             self.metrics.reviews.labels(item.model, item.task, "duplicate").inc()
             return VerdictOutcome("duplicate", score=score if stored is None else stored.score)
-        self._add(state, calibration_record(item, score, order=order))
+        self._applied(state, item, verdict, calibration_record(item, score, order=order), task)
+        return VerdictOutcome("applied", score=score)
+
+    def _applied(
+        self,
+        state: WindowState,
+        item: ReviewItem,
+        verdict: Verdict,
+        record: CalibrationRecord,
+        task: TaskRuntime,
+    ) -> None:
+        """A stored verdict enters the window and the counts, here or followed."""
+        self._add(state, record)
         state.pending_reviews = max(0, state.pending_reviews - 1)
-        self._count_verdict(item, verdict, score, task)
+        self._count_verdict(item, verdict, record.score, task)
         self._publish_alarm(item.model, item.task, state)
         self._publish_window(item.model, item.task, state)
-        return VerdictOutcome("applied", score=score)
+
+    async def follow(self, record: CalibrationRecord, shared: SharedStore) -> bool:
+        """A verdict another replica stored in the shared store enters this replica's
+        window and counts as if applied here, so that every replica exports the same
+        level, bound, thresholds and counters. False if already here or not ours."""
+        task = self.tasks.get(record.task)
+        if task is None:
+            return False
+        state = self.state(record.model, task)
+        if record.item_id in state.window:
+            return False
+        item = await shared.get_review_item(record.item_id)
+        verdict = await shared.get_verdict(record.item_id)
+        if item is None or verdict is None:
+            return False
+        self._applied(state, item, verdict, record, task)
+        return True
 
     def _count_verdict(
         self, item: ReviewItem, verdict: Verdict, score: float, task: TaskRuntime

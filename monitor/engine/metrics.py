@@ -7,11 +7,16 @@ alpha = 1 - reliability_target (one histogram per model and task, as §3 fixes).
 
 Every counter's known label values exist from the start at 0 (:meth:`Metrics.init_task`,
 :meth:`Metrics.init_source`): an alert on a series that does not exist cannot fire.
+The level and its lower bound are gauges of an estimate: they do not exist before the
+first verdict of their (model, task) (a 0 would read as "reliability 0", and alert).
+A verdict that names no known item has no model or task: it is counted in
+``relmon_verdicts_rejected_total{reason}``, never under made-up empty labels.
 No ``*_created`` series are exported.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Sequence
 from typing import Final
@@ -22,6 +27,7 @@ from monitor.core.window import WindowSnapshot
 
 __all__ = [
     "ITEM_OUTCOMES",
+    "REJECTED_VERDICT_REASONS",
     "TOP_ANSWER_OUTCOMES",
     "TRAFFIC_DECISIONS",
     "VERDICT_KINDS",
@@ -32,8 +38,11 @@ TRAFFIC_DECISIONS: Final = ("sampled", "skipped", "duplicate", "dropped", "rejec
 """``relmon_traffic_events_total{decision}`` values (see :data:`monitor.engine.ports.Decision`)."""
 ITEM_OUTCOMES: Final = ("scored", "abandoned", "interrupted")
 """``relmon_items_total{outcome}`` values."""
-VERDICT_KINDS: Final = ("accepted", "none", "duplicate", "unknown", "invalid")
-"""``relmon_reviews_total{verdict}`` values."""
+VERDICT_KINDS: Final = ("accepted", "none", "duplicate", "invalid")
+"""``relmon_reviews_total{verdict}`` values: verdicts on a known item, under its labels."""
+REJECTED_VERDICT_REASONS: Final = ("unknown", "invalid")
+"""``relmon_verdicts_rejected_total{reason}`` values: verdicts that name no known item
+(``unknown``) or cannot be read (``invalid``), so have no model or task."""
 TOP_ANSWER_OUTCOMES: Final = ("accepted", "rejected")
 """``relmon_top_answers_total{outcome}`` values."""
 
@@ -127,6 +136,13 @@ class Metrics:
             buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0),
             registry=registry,
         )
+        self.reask_overrides = Counter(
+            "relmon_reask_overrides",
+            "Sampled items whose re-ask changed this field of the production request "
+            "(dropped, raised or set; docs/cost.md), once per item and field.",
+            (*mt, "field"),
+            registry=registry,
+        )
         self.model_calls = Counter(
             "relmon_model_calls",
             "Calls to the model endpoint by outcome.",
@@ -157,11 +173,20 @@ class Metrics:
         )
         self.reviews = Counter(
             "relmon_reviews",
-            "Verdicts received: accepted (a candidate), none (none of these), duplicate, "
-            "unknown (no such item), invalid.",
+            "Verdicts on a known review item: accepted (a candidate), none (none of these), "
+            "duplicate (the item already had one), invalid (a rank beyond its candidates).",
             (*mt, "verdict"),
             registry=registry,
         )
+        self.verdicts_rejected = Counter(
+            "relmon_verdicts_rejected",
+            "Verdicts that could not be attributed to a model and task: unknown (no such "
+            "review item) or invalid (not a readable verdict).",
+            ("reason",),
+            registry=registry,
+        )
+        for reason in REJECTED_VERDICT_REASONS:
+            self.verdicts_rejected.labels(reason)
 
     def _check_and_health_metrics(self, registry: CollectorRegistry) -> None:
         """The SLI, the live self-check, the alarm and health (docs/metrics.md)."""
@@ -243,14 +268,18 @@ class Metrics:
         )
 
     def init_task(
-        self, model: str, task: str, alphas: Sequence[float], call_outcomes: Sequence[str] = ()
+        self,
+        model: str,
+        task: str,
+        alphas: Sequence[float],
+        call_outcomes: Sequence[str] = (),
+        reask_fields: Sequence[str] = (),
     ) -> None:
         """Create every known label combination of one (model, task) at 0.
 
-        An empty window's values: level, bound and items 0, every threshold +Inf (k > n).
+        An empty window's values: items 0, every threshold +Inf (k > n); no level and no
+        lower bound (they appear at the first verdict, see :meth:`publish`).
         """
-        self.reliability_level.labels(model, task)
-        self.reliability_lower_bound.labels(model, task)
         self.calibration_items.labels(model, task)
         self.calibration_effective_items.labels(model, task)
         self.set_size.labels(model, task)
@@ -258,6 +287,8 @@ class Metrics:
         self.item_duration.labels(model, task)
         for outcome in call_outcomes:
             self.model_calls.labels(model, task, outcome)
+        for name in reask_fields:
+            self.reask_overrides.labels(model, task, name)
         for outcome in ITEM_OUTCOMES:
             self.items.labels(model, task, outcome)
         for kind in VERDICT_KINDS:
@@ -287,9 +318,15 @@ class Metrics:
     def publish(
         self, model: str, task: str, snapshot: WindowSnapshot, alphas: Sequence[float]
     ) -> None:
-        """Set the window gauges of one (model, task)."""
-        self.reliability_level.labels(model, task).set(snapshot.reliability_level)
-        self.reliability_lower_bound.labels(model, task).set(snapshot.reliability_lower_bound)
+        """Set the window gauges of one (model, task). The level and the bound exist only
+        while the window holds a verdict: an empty window has no estimate, not a 0."""
+        if snapshot.n > 0:
+            self.reliability_level.labels(model, task).set(snapshot.reliability_level)
+            self.reliability_lower_bound.labels(model, task).set(snapshot.reliability_lower_bound)
+        else:
+            for gauge in (self.reliability_level, self.reliability_lower_bound):
+                with contextlib.suppress(KeyError):
+                    gauge.remove(model, task)
         self.calibration_items.labels(model, task).set(snapshot.n)
         self.calibration_effective_items.labels(model, task).set(snapshot.n_eff)
         for alpha in alphas:

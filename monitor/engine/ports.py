@@ -34,6 +34,7 @@ __all__ = [
     "EventSink",
     "ModelClient",
     "ReviewQueue",
+    "SharedStore",
     "Source",
     "SystemClock",
     "VerdictHandler",
@@ -78,7 +79,8 @@ class ModelClient(Protocol):
         ...
 
     async def sample(self, request: Mapping[str, Any], n: int) -> list[str]:
-        """``n`` completion texts for ``request`` (temperature etc. set by the client).
+        """``n`` answers to ``request``, the re-ask of a production request (sent as it
+        is, with ``n`` and without streaming).
 
         Raises :class:`monitor.core.errors.ModelCallError` when the calls fail after retries.
         """
@@ -194,10 +196,24 @@ class CalibrationStore(Protocol):
     async def aclose(self) -> None: ...
 
 
+class SharedStore(CalibrationStore, Protocol):
+    """A calibration store several replicas write (PostgreSQL): each follows the
+    verdicts the others stored, in the order the store numbered them."""
+
+    async def records_after(self, seq: int) -> Sequence[CalibrationRecord]:
+        """The scored verdicts numbered after ``seq``, in order, without gaps."""
+        ...
+
+    async def get_verdict(self, item_id: str) -> Verdict | None: ...
+
+
 class Source(Protocol):
     """A long-running source the app supervises (the Kafka traffic source, the verdict
-    follower): :meth:`run` until stopped; after a failure, :meth:`restart` connects
-    again. ``/readyz`` reports a source that is not :attr:`connected`."""
+    follower): :meth:`run` until stopped; when it stops anyway (raises anything, or
+    returns while not :attr:`stopped`), :meth:`restart` connects again. ``/readyz``
+    reports a source that is not :attr:`connected`: a source whose run ended anyway is
+    not, until its restart. One bad event never ends :meth:`run`: it is a counted
+    rejection (docs/kafka.md, "A bad event")."""
 
     source_name: str
     """Its ``source`` label (``relmon_source_restarts_total``, traffic counters)."""

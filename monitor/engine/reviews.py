@@ -71,6 +71,7 @@ class ReviewRouter:
             sampled_at=job.sampled_at,
             thresholds=thresholds,
             aci_threshold=aci_threshold,
+            reask_changes=job.reask_changes,
         )
 
     async def route(self, item: ReviewItem) -> bool:

@@ -9,14 +9,17 @@ of the item re-asked, reviewed and calibrated (:func:`item_id`).
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 from monitor.config import TaskSettings
 from monitor.core.canon.base import AsyncCanonicalizer, Canonicalizer
 from monitor.core.consensus import Consensus
 from monitor.core.events import TrafficEvent
 from monitor.core.priority import prioritised_inclusion_probability
+from monitor.core.reask import ReaskPolicy
 from monitor.core.stopping import StoppingRule
 from monitor.engine.ports import ModelClient
 
@@ -64,6 +67,20 @@ class TaskRuntime:
         s = self.settings
         return s.endpoint.model or s.match.model or self.name
 
+    @functools.cached_property
+    def reask(self) -> ReaskPolicy:
+        """How this task re-asks a request (``tasks[].reask``, the endpoint's model and
+        the defaults for a request relmon builds itself)."""
+        s = self.settings
+        return ReaskPolicy(
+            model=s.endpoint.model,
+            min_temperature=s.reask.min_temperature,
+            default_temperature=s.endpoint.temperature,
+            default_max_tokens=s.endpoint.max_tokens,
+            set=dict(s.reask.set),
+            drop=tuple(s.reask.drop),
+        )
+
     @property
     def target_alpha(self) -> float:
         return round(1.0 - self.settings.reliability_target, 10)
@@ -94,6 +111,8 @@ class Job:
     reserved: int
     """Model calls reserved from the budget (settled with the calls used)."""
     done: asyncio.Future[None]
+    reask_changes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """How the re-ask differs from the request production sent (set by the worker)."""
 
     @property
     def item_id(self) -> str:

@@ -25,6 +25,7 @@ import structlog
 from monitor.config import BudgetSettings
 from monitor.core.errors import ConfigError
 from monitor.core.events import TrafficEvent
+from monitor.core.reask import override_fields
 from monitor.core.redaction import Redactor
 from monitor.core.review import ReviewItem, TaskProgress, Verdict
 from monitor.core.sampler import CallBudget
@@ -119,12 +120,12 @@ class MonitorService:
             # The key of the logged query hash (HMAC); a random one per process if none.
             query_hash_key=query_hash_key or secrets.token_bytes(32),
         )
-        # A verdict for an unknown item, or one that cannot be read, has no model or task
-        # to be counted under.
-        self.metrics.reviews.labels("", "", "unknown")
-        self.metrics.reviews.labels("", "", "invalid")
+        # A verdict for an unknown item, or one that cannot be read, has no model or task:
+        # it is counted in relmon_verdicts_rejected_total{reason} (created at 0 by Metrics).
         for t in tasks:
-            self.metrics.init_task(t.model, t.name, t.alphas, t.client_outcomes)
+            self.metrics.init_task(
+                t.model, t.name, t.alphas, t.client_outcomes, override_fields(t.reask)
+            )
             self.metrics.reliability_target.labels(t.model, t.name).set(
                 t.settings.reliability_target
             )

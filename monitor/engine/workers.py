@@ -20,6 +20,7 @@ from monitor.core.certify import item_rng
 from monitor.core.consensus import Consensus, rank_classes
 from monitor.core.errors import InputError, ModelCallError
 from monitor.core.events import query_hash, query_text
+from monitor.core.reask import reask_request
 from monitor.core.redaction import Redactor
 from monitor.core.sampler import CallBudget
 from monitor.core.scores import set_size
@@ -142,9 +143,13 @@ class WorkerPool:
         seen: list[str] = []  # what the canonicalizer is given
         redacted: dict[str, str] = {}
         classes: list[str] = []
+        reask = reask_request(event.request, task.reask)
+        job.reask_changes = reask.changes
+        for name in reask.changes:
+            self.metrics.reask_overrides.labels(task.model, task.name, name).inc()
         decision = task.rule.decide([])
         while not decision.stop:
-            batch = await task.client.sample(event.request, decision.more)
+            batch = await task.client.sample(reask.body, decision.more)
             answers.extend(batch)
             seen.extend(self.redactor.redact_all(batch, redacted) if redact else batch)
             self.stats.calls += decision.more

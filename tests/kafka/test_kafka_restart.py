@@ -198,13 +198,12 @@ async def test_verdicts_before_during_and_after_a_restart(
                     timeout_s=60,
                     what=f"all {N} verdicts in the window",
                 )
-                unknown = {"model": "", "task": ""}
 
                 def refused() -> bool:
                     get = second.registry.get_sample_value
                     return (
-                        get("relmon_reviews_total", {**unknown, "verdict": "unknown"}) == 1
-                        and get("relmon_reviews_total", {**unknown, "verdict": "invalid"}) == 1
+                        get("relmon_verdicts_rejected_total", {"reason": "unknown"}) == 1
+                        and get("relmon_verdicts_rejected_total", {"reason": "invalid"}) == 1
                     )
 
                 await wait_until(
@@ -238,13 +237,13 @@ async def test_verdicts_before_during_and_after_a_restart(
                 # since the start, would have been refused (and dead-lettered) first.
                 await give([], (b"marker", b'{"item_id": "marker", "accepted_ranks": [1]}'))
                 get = third.registry.get_sample_value
-                unknown = {"model": "", "task": "", "verdict": "unknown"}
+                unknown = {"reason": "unknown"}
                 await wait_until(
-                    lambda: (get("relmon_reviews_total", unknown) or 0) >= 1,
+                    lambda: (get("relmon_verdicts_rejected_total", unknown) or 0) >= 1,
                     timeout_s=60,
                     what="the marker verdict refused as unknown",
                 )
-                assert get("relmon_reviews_total", unknown) == 1  # the marker only
+                assert get("relmon_verdicts_rejected_total", unknown) == 1  # the marker only
             assert len(reviews.records) == N  # no item was published twice
         dead = await read_all(kafka_bootstrap, topics["verdict-dlq"], at_least=3)
         assert sorted(r.key for r in dead) == [b"ghost", b"junk", b"marker"]

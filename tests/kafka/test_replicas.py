@@ -405,9 +405,7 @@ async def test_three_replicas_one_calibration_through_a_kill_9(
                 m = await r.metrics()
                 seen[r.name] = {
                     "window": value(m, "relmon_calibration_items", model=MODEL, task=TASK),
-                    "unknown": value(
-                        m, "relmon_reviews_total", model="", task="", verdict="unknown"
-                    ),
+                    "unknown": value(m, "relmon_verdicts_rejected_total", reason="unknown"),
                 }
             return all(v["window"] >= len(scores) for v in seen.values())
 
@@ -510,7 +508,7 @@ async def test_three_replicas_one_calibration_through_a_kill_9(
             "applied_live": value(m, "relmon_reviews_total", verdict="accepted", **dict(LABELS))
             + value(m, "relmon_reviews_total", verdict="none", **dict(LABELS)),
             "duplicate": value(m, "relmon_reviews_total", verdict="duplicate", **dict(LABELS)),
-            "unknown": value(m, "relmon_reviews_total", model="", task="", verdict="unknown"),
+            "unknown": value(m, "relmon_verdicts_rejected_total", reason="unknown"),
             "queue_depth": value(m, "relmon_review_queue_depth", **dict(LABELS)),
             # This process's traffic decisions (b's count restarts with its process).
             "traffic": {

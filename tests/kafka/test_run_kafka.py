@@ -129,8 +129,9 @@ async def test_kafka_drain_end_to_end_and_replay_restart(
     assert [r.value for r in dead] == [b"not a verdict"]
     assert dict(dead[0].headers)["relmon-stream"] == b"verdicts"
     # A refused verdict is counted as a verdict, not as traffic.
-    unlabelled = (("model", ""), ("task", ""))
-    assert first[("relmon_reviews_total", (*unlabelled, ("verdict", "invalid")))] == 1
+    # It names no item, so it has no model or task: relmon_verdicts_rejected_total.
+    assert first[("relmon_verdicts_rejected_total", (("reason", "invalid"),))] == 1
+    assert not any(k[0] == "relmon_reviews_total" and ("model", "") in k[1] for k in first)
     assert not any(
         k[0] == "relmon_traffic_events_total" and ("source", "verdicts") in k[1] for k in first
     )

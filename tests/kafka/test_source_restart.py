@@ -150,3 +150,57 @@ async def test_the_service_counts_every_restart_of_its_traffic_source(
     finally:
         await running.close(10.0)
     assert restarts(registry, "kafka") == 2 and restarts(registry, "verdicts") == 0
+
+
+@pytest.mark.timeout(300)
+async def test_a_source_that_crashes_on_a_bug_is_restarted_counted_and_not_ready_while_down(
+    kafka_bootstrap: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under ``relmon run``: the traffic source's run raises an exception that is not a
+    RelmonError (a bug outside any one event). It used to end the source's task for
+    good with /readyz 200 and nothing counted; now /readyz is 503 while it is down, the
+    restart is counted, and the restarted source takes events again."""
+    running, topics, port = await start_on_kafka(kafka_bootstrap, tmp_path, **FAST_GROUP)
+    registry = running.registry
+    try:
+        source = next(s for s in running.sources if isinstance(s, KafkaEventSource))
+        await wait_until(lambda: not running.not_ready(), timeout_s=60, what="relmon ready")
+        gate = asyncio.Event()
+        real_restart = source.restart
+
+        async def held_restart() -> None:
+            await gate.wait()
+            await real_restart()
+
+        async def crash() -> None:
+            monkeypatch.undo()  # once
+            raise ZeroDivisionError("a bug in the run loop")
+
+        monkeypatch.setattr(source, "_before_poll", crash)
+        with monkeypatch.context() as patch:
+            patch.setattr(source, "restart", held_restart)
+
+            async def down() -> bool:
+                status, body = await http_get(port, "/readyz")
+                return status == 503 and "stopped and is being restarted" in body
+
+            await wait_until(down, timeout_s=60, what="/readyz 503 while the source is down")
+            assert not source.connected
+            assert restarts(registry, "kafka") == 0
+            gate.set()
+            await wait_until(
+                lambda: restarts(registry, "kafka") == 1, timeout_s=60, what="the restart counted"
+            )
+        await wait_until(lambda: not running.not_ready(), timeout_s=60, what="relmon ready again")
+        status, _ = await http_get(port, "/readyz")
+        assert status == 200
+        await produce(kafka_bootstrap, topics["traffic"], [event_bytes("after")])
+
+        def skipped() -> float:
+            labels = {"source": "kafka", "decision": "skipped"}
+            return registry.get_sample_value("relmon_traffic_events_total", labels) or 0.0
+
+        await wait_until(lambda: skipped() >= 1, timeout_s=90, what="the next event handled")
+    finally:
+        await running.close(10.0)
+    assert restarts(registry, "kafka") == 1

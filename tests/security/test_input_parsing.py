@@ -67,3 +67,27 @@ def test_hostile_verdicts_are_input_errors(raw: bytes) -> None:
 
 def test_is_text() -> None:
     assert is_text("ok ü") and not is_text("\ud800") and not is_text(b"x") and not is_text(None)
+
+
+INVALID_UTF8_IN_A_STRING = (
+    b'{"id":"k2","model":"m","request":{"messages":'
+    b'[{"role":"user","content":"What is 2 plus \xff 3?"}]}}'
+)
+
+
+def test_invalid_utf8_inside_a_json_string_is_an_input_error() -> None:
+    """The 0xff byte sits inside a JSON string: msgspec raises UnicodeDecodeError (not
+    its DecodeError) there, which once killed the Kafka source."""
+    for parse in (parse_event, parse_event_bytes):
+        with pytest.raises(InputError, match="not UTF-8"):
+            parse(INVALID_UTF8_IN_A_STRING)
+
+
+def test_an_escaped_nul_in_a_json_string_is_valid_input() -> None:
+    raw = b'{"id":"n\\u0000","model":"m","request":{"messages":[{"role":"user",'
+    raw += b'"content":"a\\u0000b"}]},"response":{"choices":[{"message":{"content":"\\u0000"}}]}}'
+    for parse in (parse_event, parse_event_bytes):
+        event = parse(raw)
+        assert event.id == "n\x00"
+        assert query_text(event.request) == "a\x00b"
+        assert event.response_text == "\x00"

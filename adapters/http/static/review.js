@@ -1,5 +1,7 @@
 // relmon review page. Plain JavaScript, no framework, nothing fetched from elsewhere.
-// Model text is only ever inserted as text (textContent), never as HTML.
+// Model text is only ever inserted as text (textContent), never as HTML, and every text
+// from a user or a model is isolated (a <bdi>, or an element with dir="auto"), so that
+// bidi controls in it (U+202E...) cannot reorder the page's own words around it.
 "use strict";
 (function () {
   const $ = (id) => document.getElementById(id);
@@ -14,6 +16,7 @@
     skipped: [],
     last: null,        // {id, until} the last verdict, while it can be undone
     busy: false,
+    proxy: false,      // review.auth: proxy: an auth proxy names the reviewer, no token
     leaseMs: 120000,
     undoMs: 10000,
     done: 0,
@@ -31,34 +34,63 @@
   }
   const token = () => store.getItem("relmon-token") || "";
   const reviewer = () => store.getItem("relmon-reviewer") || "";
+  const signedIn = () => Boolean(token()) || state.proxy;
   function say(msg) { $("status").textContent = msg; }
+  function bdi(text) {
+    const el = document.createElement("bdi");
+    el.textContent = text;
+    return el;
+  }
 
   function showLogin(on) {
-    $("login").hidden = !on;
+    $("login").hidden = !on || state.proxy;
     $("review").hidden = on;
     $("who").hidden = on;
-    if (on) { $("login-reviewer").value = reviewer(); $("token").focus(); }
-    else { $("who").textContent = "Reviewing as " + reviewer(); }
+    $("logout").hidden = state.proxy; // signing out is the proxy's business
+    if (on) { if (!state.proxy) { $("login-reviewer").value = reviewer(); $("token").focus(); } }
+    else { $("who").replaceChildren("Reviewing as ", bdi(reviewer())); }
   }
 
   class Unauthorized extends Error {}
 
+  // The token travels in the Authorization header only. With review.auth: proxy there is
+  // no token: the auth proxy's session cookie goes along (same origin only) and the proxy
+  // names the reviewer.
+  function requestInit(method) {
+    const headers = {};
+    if (token()) headers["Authorization"] = "Bearer " + token();
+    return {method, headers, cache: "no-store", credentials: state.proxy ? "same-origin" : "omit"};
+  }
   // Paths are relative ("api/..."): they resolve against the page's address, so the page
   // works under whatever prefix a reverse proxy serves relmon at (say /relmon/review).
   async function api(method, path, body) {
-    const headers = {"Authorization": "Bearer " + token()};
-    const init = {method, headers, cache: "no-store", credentials: "omit"};
+    const init = requestInit(method);
     if (body !== undefined) {
-      headers["Content-Type"] = "application/json";
+      init.headers["Content-Type"] = "application/json";
       init.body = JSON.stringify(body);
     }
     const r = await fetch(path, init);
     if (r.status === 401) {
+      if (state.proxy) {
+        show(null);
+        showLogin(true);
+        throw new Unauthorized("Not signed in through the login proxy (" + await errorText(r) + "): reload the page.");
+      }
       store.removeItem("relmon-token");
       showLogin(true);
       throw new Unauthorized("The token was not accepted. Check it and sign in again.");
     }
     return r;
+  }
+  // How relmon authenticates and whom it recognises: {ok, auth, reviewer, error}.
+  async function whoami() {
+    const init = requestInit("GET");
+    init.credentials = "same-origin"; // the mode is not known yet: a proxy's cookie may be needed
+    try {
+      const r = await fetch("api/whoami", init);
+      const body = await r.json();
+      return {ok: r.ok, auth: body.auth, reviewer: body.reviewer || "", error: body.error || r.statusText};
+    } catch (e) { return {ok: false, auth: "", reviewer: "", error: String(e.message || e)}; }
   }
   async function errorText(r) {
     try { return (await r.json()).error || r.statusText; } catch (e) { return r.statusText; }
@@ -82,7 +114,8 @@
     const box = $("item");
     if (!d) { box.hidden = true; box.removeAttribute("data-item"); return; }
     const single = d.candidates.length === 1;
-    $("meta").textContent = "Task " + d.task + " \u00b7 model " + d.model + " \u00b7 item " + d.item_id;
+    $("meta").replaceChildren("Task ", bdi(d.task), " \u00b7 model ", bdi(d.model), " \u00b7 item ", bdi(d.item_id));
+    renderReask(d.reask_changes || {});
     $("query").textContent = d.query;
     $("hint").textContent = single
       ? "Is this answer acceptable? 1 = correct, 0 = incorrect, then Enter."
@@ -103,8 +136,16 @@
       const key = document.createElement("kbd");
       key.textContent = String(i + 1);
       const answer = document.createElement("pre");
-      answer.textContent = single ? "Correct: " + c.answer : c.answer;
-      label.append(boxEl, key, answer);
+      answer.className = "answer";
+      answer.dir = "auto";
+      answer.textContent = c.answer;
+      label.append(boxEl, key);
+      if (single) {
+        const lead = document.createElement("span");
+        lead.textContent = "Correct: ";
+        label.append(lead);
+      }
+      label.append(answer);
       li.append(label);
       list.append(li);
     });
@@ -113,6 +154,32 @@
     $("correct-box").hidden = !state.none;
     box.dataset.item = d.item_id;
     box.hidden = false;
+  }
+
+  // How the re-asks differed from the production request: field -> {from, to}; "from"
+  // absent: not sent by production; "to" absent: dropped. The server summarises values
+  // (numbers and model names as they are, "<text, 12 chars>"...): strings are shown as
+  // they are, anything else as JSON.
+  const MAX_VALUE_CHARS = 200;
+  function reaskValue(change, key, missing) {
+    if (!Object.prototype.hasOwnProperty.call(change, key)) return missing;
+    const value = change[key];
+    const text = typeof value === "string" ? value : JSON.stringify(value);
+    const el = bdi(text.length > MAX_VALUE_CHARS ? text.slice(0, MAX_VALUE_CHARS) + "\u2026" : text);
+    if (text.length > MAX_VALUE_CHARS) el.title = text;
+    return el;
+  }
+  function renderReask(changes) {
+    const list = $("reask");
+    list.replaceChildren();
+    for (const [field, raw] of Object.entries(changes)) {
+      const change = raw && typeof raw === "object" ? raw : {};
+      const li = document.createElement("li");
+      li.append(bdi(field), ": ", reaskValue(change, "from", "not sent"), " \u2192 ",
+                reaskValue(change, "to", "dropped"));
+      list.append(li);
+    }
+    $("reask-box").hidden = list.children.length === 0;
   }
 
   function show(item) {
@@ -211,7 +278,7 @@
     clearTimeout(renewTimer);
     renewTimer = setTimeout(async () => {
       const active = Date.now() - lastActivity < IDLE_MS;
-      try { if (token() && active) await renewLeases(); } catch (e) { if (e instanceof Unauthorized) say(e.message); }
+      try { if (signedIn() && active) await renewLeases(); } catch (e) { if (e instanceof Unauthorized) say(e.message); }
       scheduleRenewal();
     }, state.leaseMs / 3);
   }
@@ -291,9 +358,9 @@
     } catch (e) { say(e.message); } finally { state.busy = false; }
   }
 
-  function cell(row, text, header) {
+  function cell(row, content, header) {
     const el = document.createElement(header ? "th" : "td");
-    el.textContent = text;
+    if (Array.isArray(content)) el.append(...content); else el.textContent = content;
     row.append(el);
   }
   async function refreshProgress() {
@@ -310,7 +377,7 @@
       for (const t of p.tasks) {
         const row = document.createElement("tr");
         row.dataset.task = t.task;
-        cell(row, t.task + " (" + t.model + ")");
+        cell(row, [bdi(t.task), " (", bdi(t.model), ")"]);
         cell(row, String(t.reviewed_today) + (t.held ? " (+" + t.held + " in the undo window)" : ""));
         cell(row, String(t.waiting));
         cell(row, t.calibration_items + " (effective " + t.effective_items.toFixed(1) + ")");
@@ -347,20 +414,41 @@
     show(null);
     showLogin(true);
   });
+  function begin(name) {
+    store.setItem("relmon-reviewer", name);
+    showLogin(false);
+    refreshProgress().then(advance);
+  }
   $("login").addEventListener("submit", async (ev) => {
     ev.preventDefault();
     const t = $("token").value.trim();
     const name = $("login-reviewer").value.trim();
     if (!t || !name) return;
     store.setItem("relmon-token", t);
-    store.setItem("relmon-reviewer", name);
     $("token").value = "";
     say("");
-    showLogin(false);
-    await refreshProgress();
-    if (token()) advance();
+    const me = await whoami();
+    if (!me.ok) {
+      store.removeItem("relmon-token");
+      showLogin(true);
+      say("The token was not accepted. Check it and sign in again.");
+      return;
+    }
+    begin(me.reviewer || name); // a per-reviewer token names its reviewer
   });
-  setInterval(() => { if (token() && !$("review").hidden) refreshProgress(); }, 15000);
+  setInterval(() => { if (signedIn() && !$("review").hidden) refreshProgress(); }, 15000);
   scheduleRenewal();
-  if (token() && reviewer()) { showLogin(false); refreshProgress().then(advance); } else { showLogin(true); }
+  (async () => {
+    const me = await whoami();
+    if (me.auth === "proxy") {
+      state.proxy = true;
+      if (me.ok) { begin(me.reviewer); return; }
+      showLogin(true);
+      say("Not signed in through the login proxy (" + me.error + "): reload the page.");
+      return;
+    }
+    if (me.ok && token() && (me.reviewer || reviewer())) { begin(me.reviewer || reviewer()); return; }
+    if (token() && !me.ok) store.removeItem("relmon-token");
+    showLogin(true);
+  })();
 })();

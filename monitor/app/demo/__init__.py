@@ -80,9 +80,15 @@ def _summary(running: Running, started: float, model: SimulatedModel) -> str:
         if snap.reliability_lower_bound < target
         else f"meets target {target:g}"
     )
+    # No verdict yet: no estimate (relmon exports no level then), not "0.000, BELOW".
+    level = (
+        f"reliability={snap.reliability_level:.3f} "
+        f"(lower bound {snap.reliability_lower_bound:.3f}: {status})"
+        if snap.n > 0
+        else f"reliability=no verdicts yet (target {target:g})"
+    )
     return (
-        f"t={time.monotonic() - started:5.0f}s  reliability={snap.reliability_level:.3f} "
-        f"(lower bound {snap.reliability_lower_bound:.3f}: {status})  "
+        f"t={time.monotonic() - started:5.0f}s  {level}  "
         f"M*@{alpha:.2f}={m_text}  "
         f"n={snap.n} n_eff={snap.n_eff:.0f}  items={stats.scored} reviewed={stats.verdicts} "
         f"calls={stats.calls}  model={'DRIFTED' if model.drifted else 'ok'}"

@@ -22,6 +22,7 @@ from monitor.core.canon.mcq import McqCanonicalizer
 from monitor.core.canon.numeric import NumericCanonicalizer
 from monitor.core.canon.regex import RegexCanonicalizer
 from monitor.core.canon.text import TextCanonicalizer
+from monitor.core.canon.toolcall import ToolCallCanonicalizer
 from monitor.core.errors import ConfigError
 
 __all__ = [
@@ -36,6 +37,7 @@ _REGISTRY: dict[str, Callable[..., Canonicalizer]] = {
     "mcq": McqCanonicalizer,
     "numeric": NumericCanonicalizer,
     "text": TextCanonicalizer,
+    "tool_call": ToolCallCanonicalizer,
 }
 _NAME = re.compile(r"[a-z][a-z0-9_-]*")
 

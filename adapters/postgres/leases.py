@@ -13,6 +13,7 @@ table of its own would not be rechecked: the item row itself would not have chan
 from __future__ import annotations
 
 import json
+from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Literal, TypeVar
 
@@ -43,13 +44,14 @@ def verdict_of(text: str) -> Verdict:
     )
 
 
-class ReviewPageTables:
+class ReviewPageTables(ABC):
     """Leases, held verdicts and progress (the store's ``_run`` and ``_clock``)."""
 
     _clock: Clock
 
+    @abstractmethod
     async def _run(self, fn: Callable[[Any], Awaitable[_T]]) -> _T:
-        raise NotImplementedError  # pragma: no cover - PostgresStore provides it
+        """Run ``fn`` with a pooled connection (:class:`PostgresStore` provides it)."""
 
     async def lease_next(
         self,

@@ -65,7 +65,7 @@ def _reask_changes(raw: Any) -> dict[str, dict[str, Any]]:
     if not isinstance(raw, Mapping) or not all(
         isinstance(k, str) and isinstance(v, Mapping) for k, v in raw.items()
     ):
-        raise ValueError("reask_changes must map field names to {from, to}")
+        raise InputError("reask_changes must map field names to {from, to}")
     return {k: {kk: vv for kk, vv in v.items() if kk in ("from", "to")} for k, v in raw.items()}
 
 

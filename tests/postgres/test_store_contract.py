@@ -23,38 +23,14 @@ from adapters.postgres.schema import SCHEMA_VERSION, pending_migrations
 from adapters.postgres.store import PostgresStore
 from adapters.sqlite.store import SqliteStore
 from monitor.core.errors import ConfigError, InputError
-from monitor.core.review import ReviewItem, Verdict
-from monitor.engine.ports import CalibrationRecord
+from monitor.core.review import Verdict
+from tests.http.test_sqlite_store import item, record
 from tests.postgres import PostgresCluster
 
 pytestmark = pytest.mark.timeout(300)
 
 Opener = Callable[[], Awaitable[Any]]
 _databases = itertools.count()  # hypothesis seeds `random`: names come from a counter
-
-
-def item(item_id: str, task: str = "qa", model: str = "m1", sampled_at: float = 0.0) -> ReviewItem:
-    return ReviewItem(
-        item_id=item_id,
-        model=model,
-        task=task,
-        query="What is 6*7?",
-        candidates=(("42", 7), ("41", 2), ("INVALID", 1)),
-        k=10,
-        inclusion_probability=0.25,
-        sampled_at=sampled_at,
-    )
-
-
-def record(item_id: str, score: float = 1.0, sampled_at: float = 0.0) -> CalibrationRecord:
-    return CalibrationRecord(
-        model="m1",
-        task="qa",
-        item_id=item_id,
-        score=score,
-        inclusion_probability=0.25,
-        sampled_at=sampled_at,
-    )
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

@@ -239,6 +239,25 @@ async def test_hash_sampling_is_deterministic_and_near_the_rate() -> None:
     assert [service2.offer(parse_event(event(i)), "t").decision for i in range(4000)] == first
 
 
+async def test_the_fast_path_skips_exactly_the_events_offer_would_skip() -> None:
+    service, _, _, registry = make_service(
+        client=FakeModelClient(lambda q, i: "5"),
+        sampling_rate=0.1,
+        budget=BudgetSettings(calls_per_minute=10**7, max_in_flight=1, queue_size=10_000),
+    )
+    fast = [service.skip_unsampled("t", "arith", "sim-1", f"req-{i}") for i in range(2000)]
+    # The same events offered in full: skipped exactly where the fast path skipped.
+    slow = [service.offer(parse_event(event(i)), "u").decision == "skipped" for i in range(2000)]
+    assert fast == slow
+    assert 0.85 < sum(fast) / 2000 < 0.95
+    skipped = registry.get_sample_value(
+        "relmon_traffic_events_total", {"source": "t", "decision": "skipped"}
+    )
+    assert skipped == sum(fast)
+    # A task named in the event that does not exist: nothing can sample it.
+    assert service.skip_unsampled("t", "no-such-task", None, "x")
+
+
 async def test_unknown_verdicts_and_invalid_ranks() -> None:
     service, store, _, registry = make_service(client=FakeModelClient(lambda q, i: "5"))
     labels = {"model": "sim-1", "task": "arith"}

@@ -48,11 +48,15 @@ class TaskRouter:
         )
 
     def resolve(self, event: TrafficEvent) -> TaskRuntime | None:
-        if event.task is not None:
-            return self.tasks.get(event.task)
+        return self.resolve_fields(event.task, event.model)
+
+    def resolve_fields(self, task_name: str | None, model: str | None) -> TaskRuntime | None:
+        """The task of an event with these fields (before the whole event is parsed)."""
+        if task_name is not None:
+            return self.tasks.get(task_name)
         for task in self.tasks.values():
             m = task.settings.match
-            if m.model is not None and m.model == event.model:
+            if m.model is not None and m.model == model:
                 return task
         return self._catch_all
 
@@ -134,6 +138,18 @@ class AdmissionControl:
         self.remember(key, job.done)
         self.count(source, "sampled")
         return Admission("sampled", job.done)
+
+    def skip_unsampled(
+        self, source: str, task_name: str | None, model: str | None, event_id: str
+    ) -> bool:
+        """True, counting the event ``skipped``, when :meth:`offer` would skip it: a
+        source's fast path, deciding from a few fields before it parses the whole event.
+        False: the source parses the event and offers it (which decides again)."""
+        task = self.router.resolve_fields(task_name, model)
+        if task is not None and sampled(task.name, event_id, task.settings.sampling_rate):
+            return False
+        self.count(source, "skipped")
+        return True
 
     def _no_room(self, source: str, wait: bool) -> Admission:
         if wait:

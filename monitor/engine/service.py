@@ -197,6 +197,13 @@ class MonitorService:
         """A malformed event a source could not parse (already dead-lettered by it)."""
         self.admission.reject(source, reason)
 
+    def skip_unsampled(
+        self, source: str, task_name: str | None, model: str | None, event_id: str
+    ) -> bool:
+        """A source's fast path: True (counted ``skipped``) when the event with these
+        fields would not be sampled, so the source need not parse the rest of it."""
+        return self.admission.skip_unsampled(source, task_name, model, event_id)
+
     def resolve_task(self, event: TrafficEvent) -> TaskRuntime | None:
         return self.router.resolve(event)
 

@@ -1,8 +1,13 @@
 # relmon container image. Two stages: the wheel is built and installed into a virtualenv
 # in the first, and only that virtualenv is copied into a slim runtime image, so no
 # compiler or build tool ends up in the final image. Runs as a non-root user.
-#   docker build -t relmon .
-#   docker run --rm -p 9108:9108 -v $PWD/relmon.yaml:/etc/relmon/relmon.yaml:ro relmon
+# No image is published yet: build it and push it to your registry (README, "Run it on
+# Kubernetes"):
+#   docker build -t registry.example.com/relmon:0.1.0 .
+#   docker push registry.example.com/relmon:0.1.0
+#   docker run --rm -p 127.0.0.1:9108:9108 \
+#     -v $PWD/relmon.yaml:/etc/relmon/config/relmon.yaml:ro registry.example.com/relmon:0.1.0
+# Linted by hadolint in the tests (tests/deploy/test_dockerfile.py).
 FROM python:3.11-slim AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
@@ -13,17 +18,20 @@ RUN python -m venv /opt/relmon \
  && /opt/relmon/bin/pip install --no-compile .
 
 FROM python:3.11-slim
+LABEL org.opencontainers.image.title="relmon" \
+      org.opencontainers.image.description="Conformal reliability monitoring for LLMs in production" \
+      org.opencontainers.image.licenses="Apache-2.0"
 ENV PATH=/opt/relmon/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     RELMON_STATE_DIR=/var/lib/relmon
 RUN groupadd --system --gid 10001 relmon \
  && useradd --system --uid 10001 --gid relmon --home-dir /var/lib/relmon --shell /usr/sbin/nologin relmon \
- && mkdir -p /var/lib/relmon /etc/relmon \
+ && mkdir -p /var/lib/relmon /etc/relmon/config \
  && chown relmon:relmon /var/lib/relmon
 COPY --from=build /opt/relmon /opt/relmon
 USER 10001:10001
 EXPOSE 9108 9109 9110
 VOLUME ["/var/lib/relmon"]
 ENTRYPOINT ["relmon"]
-CMD ["run", "--config", "/etc/relmon/relmon.yaml"]
+CMD ["run", "--config", "/etc/relmon/config/relmon.yaml"]

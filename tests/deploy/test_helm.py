@@ -1,7 +1,10 @@
 """The Helm chart, with the real Helm engine (helm-python-sdk) and kubernetes-validate:
 lint (strict) and render of every ci/ scenario, every manifest validated against the
-Kubernetes 1.30 schemas, schema violations rejected, the sidecar template used from an
-application chart, and the PrometheusRule / dashboard generated from deploy/ (no drift)."""
+Kubernetes 1.30 schemas and the Prometheus Operator / KEDA CRDs' schemas, schema
+violations rejected, the sidecar template used from an application chart, and the
+PrometheusRule / dashboard generated from deploy/ (no drift). The chart's behaviour for
+real clusters (shared store, sidecar, reproducible renders) is tested in
+test_helm_cluster.py."""
 
 from __future__ import annotations
 
@@ -14,38 +17,23 @@ from pathlib import Path
 from typing import Any
 
 import helm_python
-import kubernetes_validate
 import pytest
 import yaml
 
 from monitor.app.validation import validate_settings
 from monitor.config import load_settings
+from tests.deploy.chart import (
+    CHART,
+    ROOT,
+    SCENARIOS,
+    application_chart,
+    by_kind,
+    relmon_config,
+    render,
+    validate_manifest,
+    values_of,
+)
 from tests.kafka.tls import make_pki
-
-ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "helm" / "relmon"
-SCENARIOS = sorted((CHART / "ci").glob("*-values.yaml"))
-K8S = "1.30"
-CRDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule", "ScaledObject"}
-
-
-def values_of(path: Path | None) -> dict[str, Any]:
-    return {} if path is None else dict(yaml.safe_load(path.read_text()))
-
-
-def render(values: dict[str, Any], name: str = "rel", chart: Path = CHART) -> list[dict[str, Any]]:
-    out = helm_python.Chart.load(chart).render(values, name=name, namespace="llm")
-    docs = []
-    for path, text in out.items():
-        if path.endswith("NOTES.txt"):
-            continue
-        docs.extend(d for d in yaml.safe_load_all(text) if d)
-    return docs
-
-
-def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
-    return [d for d in docs if d["kind"] == kind]
-
 
 ALL = [None, *SCENARIOS]
 IDS = ["defaults", *(p.name.removesuffix("-values.yaml") for p in SCENARIOS)]
@@ -55,7 +43,9 @@ def test_the_ci_scenarios_exist() -> None:
     names = {p.name for p in SCENARIOS}
     assert {
         "standalone-kafka-values.yaml",
+        "standalone-proxy-postgres-values.yaml",
         "sidecar-values.yaml",
+        "sidecar-postgres-values.yaml",
         "metrics-off-values.yaml",
         "existing-secret-values.yaml",
     } <= names
@@ -72,9 +62,7 @@ def test_every_rendered_manifest_is_valid_kubernetes(scenario: Path | None, tmp_
     docs = render(values_of(scenario))
     assert docs
     for doc in docs:
-        if doc["kind"] in CRDS:
-            continue  # no schema in kubernetes-validate; checked below
-        kubernetes_validate.validate(doc, K8S, strict=True)
+        validate_manifest(doc)
     for rule in by_kind(docs, "PrometheusRule"):
         path = tmp_path / "rule.yml"
         path.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
@@ -103,8 +91,7 @@ def test_every_rendered_manifest_is_valid_kubernetes(scenario: Path | None, tmp_
         assert trigger["type"] == "prometheus"
         # The metric relmon exports, on the traffic topic relmon.yaml consumes; each
         # partition counted once even while two replicas export it during a rebalance.
-        relmon_yaml = yaml.safe_load(by_kind(docs, "ConfigMap")[0]["data"]["relmon.yaml"])
-        traffic = relmon_yaml["kafka"]["traffic_topic"]
+        traffic = relmon_config(docs)["kafka"]["traffic_topic"]
         assert trigger["metadata"]["query"] == (
             f'sum(max by (partition) (relmon_kafka_consumer_lag{{topic="{traffic}"}}))'
         )
@@ -113,36 +100,86 @@ def test_every_rendered_manifest_is_valid_kubernetes(scenario: Path | None, tmp_
         assert "replicas" not in deployment["spec"]  # KEDA owns the replica count
 
 
+SECRET_MOUNTS = (
+    "/etc/relmon/secrets/",
+    "/etc/relmon/review-auth/",
+    "/etc/relmon/store/",
+    "/etc/relmon/kafka-tls/",
+    "/var/lib/relmon/",
+)
+"""Where relmon.yaml's files live in the pod: the Secrets' mounts and the state volume."""
+
+
+def secret_file_content(key: str, tmp_path: Path) -> bytes:
+    """What a Secret of that kind holds (a throwaway CA for the Kafka TLS files)."""
+    if key in {"ca_file", "cert_file", "key_file"}:
+        pki = make_pki(tmp_path / "pki")
+        source = {"ca_file": pki.ca, "cert_file": pki.client_cert, "key_file": pki.client_key}
+        return source[key].read_bytes()
+    if key == "tokens_file":
+        return b"alice:0123456789abcdef0123\nbob:fedcba9876543210fedc\n"
+    if key == "dsn_file":
+        return b"postgresql://relmon:pw@db.llm.svc:5432/relmon\n"
+    return b"s3cret-0123456789abcdef0123456789abcdef\n"
+
+
+def point_files_at(node: Any, tmp_path: Path, mounts: set[str]) -> Any:
+    """relmon.yaml with every file it names (a ``*_file`` key) written under tmp_path, after
+    checking that the pod mounts the volume it lives on."""
+    if isinstance(node, list):
+        return [point_files_at(v, tmp_path, mounts) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out = {}
+    for key, value in node.items():
+        if key.endswith("_file") and isinstance(value, str):
+            assert value.startswith(SECRET_MOUNTS), (key, value)
+            assert any(value.startswith(m.rstrip("/") + "/") for m in mounts), (value, mounts)
+            local = tmp_path / "files" / value.lstrip("/")
+            local.parent.mkdir(parents=True, exist_ok=True)
+            local.write_bytes(secret_file_content(key, tmp_path))
+            out[key] = str(local)
+        else:
+            out[key] = point_files_at(value, tmp_path, mounts)
+    return out
+
+
+def relmon_container(docs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """relmon's container in the standalone Deployment (None in sidecar mode)."""
+    for deployment in by_kind(docs, "Deployment"):
+        for container in deployment["spec"]["template"]["spec"]["containers"]:
+            if container["name"] == "relmon":
+                return dict(container)
+    return None
+
+
 @pytest.mark.parametrize("scenario", ALL, ids=IDS)
 def test_the_rendered_relmon_config_passes_relmons_own_validation(
     scenario: Path | None, tmp_path: Path
 ) -> None:
-    """The ConfigMap's relmon.yaml, with the Secret's files in place, passes the validation
-    that ``relmon run`` and ``relmon check-config`` run."""
-    docs = render(values_of(scenario))
-    config = by_kind(docs, "ConfigMap")[0]["data"]["relmon.yaml"]
-    secrets = tmp_path / "secrets"
-    secrets.mkdir()
-    for secret in by_kind(docs, "Secret"):
-        for key in secret["data"]:
-            (secrets / key).write_text("s3cret\n")
-    for key in ("review-token", "api-key-support"):  # what existingSecret must provide
-        if values_of(scenario).get("secret", {}).get("existingSecret"):
-            (secrets / key).write_text("s3cret\n")
-    tls = tmp_path / "kafka-tls"  # the user's Secret of TLS files, with a throwaway CA
-    tls.mkdir()
-    pki = make_pki(tmp_path / "pki")
-    for key, source in (("ca.crt", pki.ca), ("user.crt", pki.client_cert)):
-        (tls / key).write_bytes(source.read_bytes())
-    (tls / "user.key").write_bytes(pki.client_key.read_bytes())
+    """The ConfigMap's relmon.yaml, with the files it names in place (each on a volume the
+    container mounts), passes the validation that ``relmon run`` and ``relmon
+    check-config`` run."""
+    values = values_of(scenario)
+    docs = render(values)
+    config = relmon_config(docs)
+    container = relmon_container(docs)
+    mounts = (
+        {m["mountPath"] for m in container["volumeMounts"]}
+        if container is not None
+        else set(SECRET_MOUNTS)  # sidecar: checked on the application's pod elsewhere
+    )
     path = tmp_path / "relmon.yaml"
-    config = config.replace("/etc/relmon/kafka-tls/", f"{tls}/")
-    path.write_text(config.replace("/etc/relmon/secrets/", f"{secrets}/"))
+    path.write_text(yaml.safe_dump(point_files_at(config, tmp_path, mounts)))
     settings = load_settings(path)
     assert settings.metrics.port == 9108 and str(settings.state_dir) == "/var/lib/relmon"
-    assert settings.metrics.host == settings.review.host == settings.traffic.host
-    if settings.review.backend == "http":
-        assert settings.review.token_file == secrets / "review-token"
+    assert settings.metrics.host == "0.0.0.0"  # Prometheus reaches it
+    if values.get("mode") == "sidecar":
+        assert settings.traffic.host == "127.0.0.1"  # the application sends from its pod
+    else:
+        assert settings.review.host == settings.traffic.host == "0.0.0.0"
+    if settings.review.backend == "http" and settings.review.auth == "token":
+        assert settings.review.token_file is not None or settings.review.tokens_file is not None
     assert validate_settings(settings) == []
 
 
@@ -161,7 +198,7 @@ def test_standalone_pod_is_locked_down_and_probed() -> None:
     # Fed through the Service: /readyz would lock it out of its own traffic (see below).
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz/traffic"
     assert container["resources"]["requests"] and container["resources"]["limits"]
-    assert container["args"] == ["run", "--config", "/etc/relmon/relmon.yaml"]
+    assert container["args"] == ["run", "--config", "/etc/relmon/config/relmon.yaml"]
     mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
     assert mounts["/etc/relmon/secrets"]["readOnly"] is True  # secrets as files
     assert "env" not in container  # nothing secret in the environment
@@ -227,9 +264,6 @@ def test_metrics_off_renders_no_monitoring_objects() -> None:
 @pytest.mark.parametrize(
     ("values", "message"),
     [
-        ({"replicaCount": 2}, "replicaCount"),
-        ({"replicaCount": 2, "review": {"backend": "http"}}, "replicaCount"),
-        ({"keda": {"enabled": True}, "kafka": {"enabled": True}}, "enabled"),
         ({"review": {"backend": "kafka"}}, "enabled"),
         ({"unknownKey": 1}, "unknownKey"),
         ({"mode": "daemonset"}, "mode"),
@@ -239,6 +273,14 @@ def test_metrics_off_renders_no_monitoring_objects() -> None:
         ({"metrics": {"serviceMonitor": {"interval": "often"}}}, "interval"),
         ({"metrics": {"podMonitor": {"interval": "often"}}}, "interval"),
         ({"metrics": {"podMonitor": {"podSelector": {"app": 1}}}}, "podSelector"),
+        ({"listenHost": "0.0.0.0"}, "listenHost"),  # one host per listener: hosts.*
+        ({"store": {"backend": "mysql"}}, "backend"),
+        ({"image": {"repository": "r", "digest": "latest"}}, "digest"),
+        ({"sidecar": {"appReplicas": 0}}, "appReplicas"),
+        ({"review": {"backend": "http", "auth": {"mode": "oauth"}}}, "mode"),
+        ({"metrics": {"podMonitor": {"labels": {"release": "x"}}}}, "labels"),
+        ({"metrics": {"prometheusRule": {"disabledAlerts": ["up"]}}}, "disabledAlerts"),
+        ({"kafka": {"maxEventBytes": 10}}, "maxEventBytes"),
     ],
 )
 def test_schema_violations_are_rejected(values: dict[str, Any], message: str) -> None:
@@ -257,23 +299,19 @@ def test_the_template_refuses_several_sqlite_writers_even_without_the_schema(
     (chart / "values.schema.json").unlink()
     with pytest.raises(helm_python.HelmRenderError, match="single writer"):
         render({"replicaCount": 3}, chart=chart)
-    with pytest.raises(helm_python.HelmRenderError, match="one claim cannot hold"):
-        render(
-            {
-                "replicaCount": 2,
-                "review": {"backend": "kafka"},
-                "kafka": {"enabled": True},
-                "persistence": {"enabled": True},
-            },
-            chart=chart,
-        )
-    with pytest.raises(helm_python.HelmRenderError, match=r"needs review\.backend: kafka"):
+    with pytest.raises(helm_python.HelmRenderError, match=r"keda.enabled .* shared store"):
         render({"keda": {"enabled": True}, "kafka": {"enabled": True}}, chart=chart)
     assert by_kind(render({"replicaCount": 1}, chart=chart), "Deployment")
+    # With a shared store the state volume is an emptyDir: no claim for several pods.
+    kafka = {"replicaCount": 2, "review": {"backend": "kafka"}, "kafka": {"enabled": True}}
+    docs = render({**kafka, "persistence": {"enabled": True}}, chart=chart)
+    assert by_kind(docs, "PersistentVolumeClaim") == []
 
 
 def test_names_are_truncated_to_63_characters() -> None:
-    docs = render({}, name="a-very-long-release-name-that-goes-on-and-on-past-the-dns-limit")
+    name = "a-very-long-release-name-that-goes-on-and-on-past-the-dns-limit"
+    docs = render({"metrics": {"dashboard": {"enabled": True}}}, name=name)
+    assert {"PersistentVolumeClaim", "ConfigMap"} <= {d["kind"] for d in docs}
     for doc in docs:
         assert len(doc["metadata"]["name"]) <= 63, doc["metadata"]["name"]
 
@@ -301,6 +339,23 @@ def test_values_yaml_comments_every_key() -> None:
         checked += 1
         assert lines[i - 1].strip().startswith("#"), f"values.yaml line {i + 1}: {line}"
     assert checked > 60
+
+
+def leaf_values(node: Any, path: str = "") -> list[str]:
+    """Dotted paths of the values a user sets (a freeform or list value counts as one)."""
+    if not isinstance(node, dict) or not node or path.rsplit(".", maxsplit=1)[-1] in FREEFORM:
+        return [path]
+    return [leaf for key, value in node.items() for leaf in leaf_values(value, f"{path}.{key}")]
+
+
+def test_the_chart_readme_lists_every_value() -> None:
+    """helm/relmon/README.md's table has a row for every value of values.yaml."""
+    readme = (CHART / "README.md").read_text()
+    rows = set(re.findall(r"^\| `([\w.]+)` \|", readme, flags=re.M))
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    leaves = {leaf.lstrip(".") for leaf in leaf_values(values)}
+    assert leaves - rows == set(), "values missing from the chart's README"
+    assert rows - leaves == set(), "rows of the chart's README that are no value"
 
 
 # ---------------------------------------------------- generated from deploy/ (no drift)
@@ -337,34 +392,27 @@ def test_prometheus_rule_holds_exactly_the_deploy_rules() -> None:
 # ------------------------------------------------------------------------- sidecar
 
 
-def application_chart(tmp_path: Path) -> Path:
-    """The application chart of deploy/helm/ (its Deployment and values snippet), with
-    relmon as a dependency."""
-    app = tmp_path / "app"
-    (app / "templates").mkdir(parents=True)
-    shutil.copytree(CHART, app / "charts" / "relmon")
-    (app / "Chart.yaml").write_text(
-        "apiVersion: v2\nname: app\nversion: 1.0.0\n"
-        "dependencies:\n  - name: relmon\n    version: 0.1.0\n"
-    )
-    (app / "values.yaml").write_text((ROOT / "deploy" / "helm" / "sidecar-values.yaml").read_text())
-    (app / "templates" / "deployment.yaml").write_text(
-        (ROOT / "deploy" / "helm" / "app-deployment.yaml").read_text()
-    )
-    return app
+def relmon_in(pod_spec: dict[str, Any]) -> dict[str, Any]:
+    """relmon's container in a pod spec: a native sidecar or a plain container."""
+    (relmon,) = [
+        c
+        for c in [*pod_spec.get("initContainers", []), *pod_spec["containers"]]
+        if c["name"] == "relmon"
+    ]
+    return relmon
 
 
 def test_sidecar_template_adds_relmon_to_an_application_pod(tmp_path: Path) -> None:
-    """An application chart with relmon as a dependency includes "relmon.sidecar"."""
+    """An application chart with relmon as a dependency includes the sidecar templates."""
     docs = render({}, chart=application_chart(tmp_path))
     (deployment,) = by_kind(docs, "Deployment")
-    kubernetes_validate.validate(deployment, K8S, strict=True)
     pod = deployment["spec"]["template"]["spec"]
-    names = [c["name"] for c in pod["containers"]]
-    assert names == ["app", "relmon"]
-    relmon = pod["containers"][1]
-    # A sidecar's readiness is the application pod's: it must not follow monitoring.
-    assert relmon["readinessProbe"]["httpGet"]["path"] == "/readyz/traffic"
+    assert [c["name"] for c in pod["containers"]] == ["app"]
+    assert [c["name"] for c in pod["initContainers"]] == ["relmon"]  # native sidecar
+    relmon = relmon_in(pod)
+    assert relmon["restartPolicy"] == "Always"
+    # Mirrored traffic: relmon's readiness must not decide the application pod's.
+    assert "readinessProbe" not in relmon
     volumes = {v["name"] for v in pod["volumes"]}
     mounts = {m["name"] for m in relmon["volumeMounts"]}
     assert mounts <= volumes
@@ -373,8 +421,7 @@ def test_sidecar_template_adds_relmon_to_an_application_pod(tmp_path: Path) -> N
         config["metadata"]["name"]
     }
     for doc in docs:
-        if doc["kind"] not in CRDS:
-            kubernetes_validate.validate(doc, K8S, strict=True)
+        validate_manifest(doc)
 
 
 def assert_pod_monitor_scrapes_relmon_as_job_relmon(
@@ -394,8 +441,9 @@ def assert_pod_monitor_scrapes_relmon_as_job_relmon(
         return
     selector = monitor["spec"]["selector"]["matchLabels"]
     assert selector and selector.items() <= pod["metadata"]["labels"].items()
-    (relmon,) = [c for c in pod["spec"]["containers"] if c["name"] == "relmon"]
-    names = [p["name"] for c in pod["spec"]["containers"] for p in c.get("ports", [])]
+    relmon = relmon_in(pod["spec"])
+    containers = [*pod["spec"].get("initContainers", []), *pod["spec"]["containers"]]
+    names = [p["name"] for c in containers for p in c.get("ports", [])]
     assert names.count("relmon-metrics") == 1  # relmon's container only
     assert "relmon-metrics" in {p["name"] for p in relmon["ports"]}
 
@@ -414,17 +462,28 @@ def test_a_pod_monitor_scrapes_relmon_without_a_service(tmp_path: Path) -> None:
     (monitor,) = by_kind(docs, "PodMonitor")
     (deployment,) = by_kind(docs, "Deployment")
     assert_pod_monitor_scrapes_relmon_as_job_relmon(monitor, deployment["spec"]["template"])
-    assert by_kind(docs, "Service") == [] and by_kind(docs, "ServiceMonitor") == []
+    assert by_kind(docs, "ServiceMonitor") == []
+    (service,) = by_kind(docs, "Service")  # the review port only: metrics go by the PodMonitor
+    assert [p["name"] for p in service["spec"]["ports"]] == ["review"]
     # The ci scenario (linted strict) has one too.
     (monitor,) = by_kind(render(values_of(CHART / "ci" / "sidecar-values.yaml")), "PodMonitor")
     assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert monitor["spec"]["selector"]["matchLabels"] == {"app.kubernetes.io/name": "my-app"}
 
 
 @pytest.mark.parametrize(
     ("values", "message"),
     [
-        ({"mode": "sidecar", "service": {"enabled": False}}, "podSelector"),
-        ({"listenHost": "127.0.0.1"}, "loopback"),
+        (
+            {
+                "mode": "sidecar",
+                "sidecar": {"appReplicas": 1},
+                "secret": {"reviewToken": "t"},
+                "service": {"enabled": False},
+            },
+            "podSelector",
+        ),
+        ({"hosts": {"metrics": "127.0.0.1"}}, "loopback"),
         ({"serviceMonitor": {"enabled": True}}, "not both"),
     ],
 )
@@ -438,18 +497,19 @@ def test_the_template_refuses_a_pod_monitor_that_cannot_work(
         render(values)
 
 
-def test_the_query_hash_key_comes_from_the_secret_on_every_backend() -> None:
-    """One key per release for every replica, in the Secret the chart creates; with an
-    existing Secret, relmon generates it into the state volume as before."""
+def test_the_query_hash_key_comes_from_the_values_or_each_pod() -> None:
+    """secret.queryHashKey: one key for every replica, in the chart's Secret; without it
+    (nothing is generated at render time) each pod generates its own in its state volume."""
+    key = "0123456789abcdef0123456789abcdef"
     for values in ({}, {"review": {"backend": "kafka"}, "kafka": {"enabled": True}}):
-        docs = render(values)
+        docs = render({**values, "secret": {"queryHashKey": key}})
         [secret] = by_kind(docs, "Secret")
-        assert len(secret["data"]["query-hash-key"]) >= 64  # 48 random characters, base64
-        config = yaml.safe_load(by_kind(docs, "ConfigMap")[0]["data"]["relmon.yaml"])
-        assert config["query_hash_key_file"] == "/etc/relmon/secrets/query-hash-key"
+        assert base64.b64decode(secret["data"]["query-hash-key"]).decode() == key
+        assert relmon_config(docs)["query_hash_key_file"] == "/etc/relmon/secrets/query-hash-key"
+        assert key not in json.dumps(by_kind(docs, "ConfigMap"))
+        assert "query_hash_key_file" not in relmon_config(render(values))
     docs = render(values_of(CHART / "ci" / "existing-secret-values.yaml"))
-    config = yaml.safe_load(by_kind(docs, "ConfigMap")[0]["data"]["relmon.yaml"])
-    assert "query_hash_key_file" not in config
+    assert "query_hash_key_file" not in relmon_config(docs)
 
 
 def test_a_tasks_endpoint_settings_reach_relmon_unchanged(tmp_path: Path) -> None:

@@ -278,11 +278,15 @@ def relmon_config(
     queue_size: int = 64,
     review_rate: float = 0.1,
     k_max: int = 20,
+    traffic_extra: str = "",
 ) -> None:
-    """A one-task relmon configuration: traffic naming ``bench-model`` is the task."""
+    """A one-task relmon configuration: traffic naming ``bench-model`` is the task
+    (``traffic_extra``: more ``traffic`` keys, YAML flow style, such as ``uvloop: false``)."""
     traffic = f"{{mode: {traffic_mode}, port: {ports['traffic']}"
     if upstream_url:
         traffic += f', upstream_url: "{upstream_url}"'
+    if traffic_extra:
+        traffic += f", {traffic_extra}"
     traffic += "}"
     path.write_text(
         f"""tasks:

@@ -177,6 +177,16 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0, help="seconds per wrk run")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--connections", type=int, default=16)
+    parser.add_argument(
+        "--before",
+        type=Path,
+        action="append",
+        default=[],
+        help="an earlier run's JSON to show beside this one (repeatable)",
+    )
+    parser.add_argument(
+        "--before-label", action="append", default=[], help="the label of each --before run"
+    )
     parser.add_argument("--quick", action="store_true", help="1 s runs, 1 repeat (a smoke test)")
     parser.add_argument("--json", type=Path, help="write the results as JSON to this file")
     parser.add_argument("--serve", choices=["bare", "model"], help=argparse.SUPPRESS)
@@ -187,6 +197,10 @@ def main() -> None:
     if args.quick:
         args.seconds, args.repeats, args.connections = 1.0, 1, 4
     report = run(args.seconds, args.repeats, args.connections)
+    report["before"] = [
+        {k: v for k, v in json.loads(path.read_text()).items() if k != "before"} | {"label": label}
+        for path, label in zip(args.before, args.before_label, strict=True)
+    ]
     if args.json:
         benchlib.write_json(report, args.json)
     for load in ("saturation", "one_connection"):

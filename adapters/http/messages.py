@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import json
 import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
-from multidict import CIMultiDict, CIMultiDictProxy
+from multidict import CIMultiDict
 
 __all__ = [
     "HOP_BY_HOP_HEADERS",
@@ -90,7 +90,7 @@ def strip_hop_by_hop(headers: Iterable[tuple[str, str]], connection: str) -> CIM
     return out
 
 
-def answer_text(body: bytes, headers: CIMultiDictProxy[str]) -> str | None:
+def answer_text(body: bytes, headers: Mapping[str, str]) -> str | None:
     """The model's answer in a response body, JSON or SSE (None when unknown)."""
     plain = decoded(body, headers.get("Content-Encoding", ""))
     if plain is None:

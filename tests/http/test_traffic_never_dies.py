@@ -14,7 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from adapters.http import traffic
+from adapters.http import intake, messages
+from adapters.http import proxy as data_plane
 from tests.waiting import wait_until
 
 from .conftest import COMPLETION_BYTES, Recorder, StartTraffic, Upstream
@@ -128,11 +129,11 @@ async def test_a_bug_after_the_mirror_answered_is_counted_once_and_the_listener_
 ) -> None:
     url, recorder = mirror
 
-    def broken(*args: object) -> None:
+    def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("a bug with the prompt 6*7 in its message")
 
     with monkeypatch.context() as patch:
-        patch.setattr(traffic.TrafficServer, "_offer", broken)
+        patch.setattr(intake.Intake, "offer", broken)
         async with client.post(url, json=CHAT) as r:
             assert r.status == 202  # the answer went before the bug
         await wait_until(lambda: len(recorder.rejects) == 1, what="the rejection counted")
@@ -150,7 +151,7 @@ async def test_a_bug_before_the_proxy_answered_is_a_500_counted_once(
         raise KeyError("a bug")
 
     with monkeypatch.context() as patch:
-        patch.setattr(traffic, "strip_hop_by_hop", broken)
+        patch.setattr(data_plane, "request_head", broken)
         async with client.post(url, json=CHAT) as r:
             assert r.status == 500
             error = (await r.json())["error"]
@@ -178,7 +179,7 @@ async def test_a_bug_after_the_proxy_relayed_the_answer_is_counted_once(
         raise ValueError("a bug reading the answer")
 
     with monkeypatch.context() as patch:
-        patch.setattr(traffic, "answer_text", broken)
+        patch.setattr(messages, "answer_text", broken)
         async with client.post(url, json=CHAT) as r:
             assert (r.status, await r.read()) == (200, COMPLETION_BYTES)  # untouched
         await wait_until(lambda: len(recorder.rejects) == 1, what="the rejection counted")

@@ -1,0 +1,183 @@
+"""From a request the traffic port received to an offered event, the cheap way first.
+
+An event's item id and, usually, its task are known from the request's head alone
+(``X-Request-Id``, the task header, the path): :meth:`Intake.take` asks the service's
+fast path (``skip(source, task, event id)``, counting the event ``skipped``) before it
+parses anything, so an unsampled request's JSON is never parsed. When the head names no
+task, the task follows from the body's ``model``; the fast path then skips the request
+only when it would be skipped whatever its model (``task=None``). Only a request that
+may be sampled is parsed (msgspec) and offered to the sink, which decides again.
+
+Item ids come from ``X-Request-Id`` when present (at most 256 characters), else 128
+random bits in hex (32 characters, as a uuid4's hex).
+Reject reasons are short fixed strings or the message of an
+:class:`~monitor.core.errors.InputError`; neither ever holds prompt text. Nothing here
+raises: whatever fails is counted once, through the exchange's ``count``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import msgspec
+import structlog
+
+from adapters.http import messages
+from monitor.core.errors import InputError
+from monitor.core.events import TrafficEvent, event_from_request, is_text, parse_event
+from monitor.core.failures import internal_error, raised_at
+from monitor.engine.ports import EventSink
+
+__all__ = [
+    "MAX_REQUEST_ID",
+    "HeaderView",
+    "Intake",
+    "RejectCallback",
+    "SkipCallback",
+    "TaskResolver",
+    "header_request_id",
+    "request_id",
+]
+
+TaskResolver = Callable[[Mapping[str, str], str, Mapping[str, Any]], str | None]
+"""``(headers, path, request body) -> task`` (``None``: let the service decide)."""
+
+RejectCallback = Callable[[str, str], None]
+"""``reject(source, reason)`` for malformed traffic (counted in metrics)."""
+
+SkipCallback = Callable[[str, str | None, str], bool]
+"""``skip(source, task or None, event id) -> True`` (counted ``skipped``) when the event
+would not be sampled; ``task=None``: whatever the model its body names."""
+
+MAX_REQUEST_ID = 256
+_log = structlog.get_logger(__name__)
+_decode = msgspec.json.Decoder().decode
+_EMPTY: Mapping[str, Any] = {}
+# A random item id for a request without X-Request-Id: 128 bits from a generator seeded
+# by the OS at start (unique ids, not secrets; no system call per request as uuid4 makes).
+_random_bytes = random.Random().randbytes
+
+
+class HeaderView(Mapping[str, str]):
+    """Raw ``(name, value)`` header bytes read as a case-insensitive mapping (first value
+    wins), decoded as aiohttp does (UTF-8, undecodable bytes as lone surrogates). Built
+    per request at no cost: a lookup scans the few headers a request has."""
+
+    __slots__ = ("_raw",)
+
+    def __init__(self, raw: list[tuple[bytes, bytes]]) -> None:
+        self._raw = raw
+
+    def __getitem__(self, key: str) -> str:
+        want = key.lower().encode("latin-1", "replace")
+        for name, value in self._raw:
+            if name.lower() == want:
+                return value.decode("utf-8", "surrogateescape")
+        raise KeyError(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """``self[key]``, else ``default`` (no exception raised and caught when absent)."""
+        want = key.lower().encode("latin-1", "replace")
+        for name, value in self._raw:
+            if name.lower() == want:
+                return value.decode("utf-8", "surrogateescape")
+        return default
+
+    def __iter__(self) -> Iterator[str]:
+        return (n.decode("latin-1") for n, _ in self._raw)
+
+    def __len__(self) -> int:
+        return len(self._raw)
+
+
+def request_id(raw: bytes | None) -> str | None:
+    """The event id: ``X-Request-Id`` stripped (random when absent, empty or too long);
+    None when it is not UTF-8 (the event is then rejected when parsed)."""
+    if raw is not None:
+        rid = raw.strip().decode("utf-8", "surrogateescape")
+        if not is_text(rid):
+            return None
+        if 0 < len(rid) <= MAX_REQUEST_ID:
+            return rid
+    return _random_bytes(16).hex()
+
+
+def header_request_id(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """:func:`request_id` of a request's raw headers."""
+    for name, value in headers:
+        if name.lower() == b"x-request-id":
+            return request_id(value)
+    return request_id(None)
+
+
+class Intake:
+    """Decides, parses and offers the events of one traffic source (``mirror``/``proxy``)."""
+
+    def __init__(
+        self,
+        source: str,
+        *,
+        sink: EventSink,
+        reject: RejectCallback,
+        task_resolver: TaskResolver,
+        skip: SkipCallback | None,
+    ) -> None:
+        self.source = source
+        self.sink = sink
+        self.reject = reject
+        self.task_resolver = task_resolver
+        self.skip = skip
+
+    def skipped(self, headers: HeaderView, path: str, rid: str | None) -> bool:
+        """The fast path: True when the service skipped the event (already counted)."""
+        if self.skip is None or rid is None:
+            return False
+        return self.skip(self.source, self.task_resolver(headers, path, _EMPTY), rid)
+
+    def offer(
+        self,
+        count: Callable[[str], None],
+        headers: HeaderView,
+        path: str,
+        raw: bytes,
+        *,
+        answer: tuple[bytes, HeaderView] | None,
+        rid: str | None,
+    ) -> None:
+        """Parse, build the event (with the answer's text from the upstream's ``answer``
+        body and headers) and offer it; never raises: whatever fails is ``count``-ed."""
+        try:
+            text = None if answer is None else messages.answer_text(*answer)
+            event = self.event(headers, path, raw, text, rid)
+            self.sink(event, self.source)  # the sink counts its decision last: nothing twice
+        except InputError as exc:
+            count(str(exc))
+        except Exception as exc:  # a bug, here or in the sink
+            reason = internal_error(exc)
+            _log.error("traffic_event_failed", source=self.source, error=reason, at=raised_at(exc))
+            count(reason)
+
+    def event(
+        self, headers: HeaderView, path: str, raw: bytes, text: str | None, rid: str | None
+    ) -> TrafficEvent:
+        plain = messages.decoded(raw, headers.get("Content-Encoding", ""))
+        if plain is None:
+            raise InputError("request body in a content-encoding relmon cannot read")
+        try:
+            body = _decode(plain)
+        except (msgspec.DecodeError, RecursionError):  # also too deep, or 5,000 digits
+            raise InputError("invalid JSON") from None
+        if not isinstance(body, dict):
+            raise InputError("request body is not a JSON object")
+        logged = body.pop("response", None) if self.source == "mirror" else None
+        if rid is None:
+            raise InputError("X-Request-Id is not valid UTF-8")
+        task = self.task_resolver(headers, path, body)
+        if logged is None:
+            return event_from_request(rid, body, task=task, response_text=text)
+        return parse_event(
+            {"id": rid, "model": body.get("model"), "task": task, "request": body}
+            | {"response": logged}
+        )

@@ -1,0 +1,441 @@
+"""The inline reverse proxy's data plane: one request from the client to the upstream and
+its answer back, as bytes, with no copy of a header or a body it does not need.
+
+Every request (any method and path) goes to the upstream's path prefix + the request's
+own target (path and query, byte for byte) on a pooled keep-alive connection
+(:mod:`adapters.http.upstream`), with the client's headers minus hop-by-hop ones,
+``Host`` and ``Expect`` (``100-continue`` is answered here). The body keeps its framing
+(a length, or chunks). The answer's status, reason, headers (repeated ones too) and body
+come back unchanged, hop-by-hop headers dropped; chunked and close-delimited bodies go to
+an HTTP/1.1 client chunked. Each body chunk is written to the client as it arrives (an
+SSE stream stays a stream); a small body of known length (up to 64 KiB, not SSE) is sent
+with its head in one write. The upstream connection stops being read while the client
+cannot keep up.
+
+Upstream unreachable: 502; no bytes from the upstream for the read timeout: 504 (or,
+once the answer began, the client connection is cut so the truncation shows). A reused
+connection the upstream had closed is retried once on a new one when the request body
+is held whole. A client leaving mid-answer ends the upstream connection (it never goes
+back to the pool). Only after the answer completed is a ``POST …/chat/completions``
+with a 2xx answer sampled (:class:`~adapters.http.intake.Intake`); nothing it does can
+reach the client. Bodies over ``max_body_bytes`` are forwarded all the same but not
+sampled (counted ``"oversize"`` or ``"oversize response"``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Final
+
+import structlog
+
+from adapters.http.intake import HeaderView, Intake, request_id
+from adapters.http.messages import HOP_BY_HOP_HEADERS
+from adapters.http.proxy_metrics import ProxyMetrics
+from adapters.http.upstream import UpstreamConnection, UpstreamPool
+from adapters.http.wire import Request, ServerConnection, error_response, http_date, read_prefix
+from monitor.core.failures import internal_error, raised_at
+
+__all__ = [
+    "WHOLE_BODY_BYTES",
+    "ExchangeGuard",
+    "Forwarding",
+    "Proxy",
+    "ProxyExchange",
+    "expect_answered",
+    "is_chat_completions_path",
+    "is_chat_target",
+    "request_head",
+    "target_path",
+]
+
+WHOLE_BODY_BYTES: Final = 65_536
+_HOP: Final = frozenset(h.encode() for h in HOP_BY_HOP_HEADERS)
+_NOT_FORWARDED: Final = _HOP | {b"host", b"expect"}
+_CONTINUE: Final = b"HTTP/1.1 100 Continue\r\n\r\n"
+_PLAIN_CONNECTION: Final = frozenset({b"keep-alive", b"close"})
+# Answer headers the proxy reads as it copies them: 1 length, 2 type, 3 date.
+_READ: Final = {b"content-length": 1, b"content-type": 2, b"date": 3}
+_log = structlog.get_logger("adapters.http.traffic")
+
+
+def _named(connection: bytes) -> frozenset[bytes]:
+    """The header names a ``Connection`` header makes hop-by-hop."""
+    return frozenset(t.strip().lower() for t in connection.split(b",") if t.strip())
+
+
+class Forwarding:
+    """Where requests go: the upstream's address, path prefix and ``Host``."""
+
+    __slots__ = ("host_line", "max_body", "metrics", "pool", "prefix", "read_timeout")
+
+    def __init__(
+        self,
+        pool: UpstreamPool,
+        *,
+        prefix: bytes,
+        host_header: bytes,
+        read_timeout_s: float,
+        max_body: int,
+        metrics: ProxyMetrics,
+    ) -> None:
+        self.pool = pool
+        self.prefix = prefix
+        self.host_line = b"Host: " + host_header + b"\r\n"
+        self.read_timeout = read_timeout_s
+        self.max_body = max_body
+        self.metrics = metrics
+
+
+def request_head(req: Request, fwd: Forwarding) -> bytes:
+    """The request line and headers sent upstream (framing kept, hop-by-hop dropped)."""
+    parts = [req.method, b" ", fwd.prefix, req.target, b" HTTP/1.1\r\n", fwd.host_line]
+    skip = _NOT_FORWARDED | _named(req.connection) if req.connection else _NOT_FORWARDED
+    for name, value in req.headers:
+        if name.lower() not in skip:
+            parts += (name, b": ", value, b"\r\n")
+    if req.chunked:
+        parts.append(b"Transfer-Encoding: chunked\r\n")
+    parts.append(b"\r\n")
+    return b"".join(parts)
+
+
+def _chunk(data: bytes) -> bytes:
+    return b"%x\r\n%b\r\n" % (len(data), data)
+
+
+class ExchangeGuard:
+    """An event request counted once at most (``count(reason)``), and whether its answer
+    began (then a failure cuts the connection instead of answering 500)."""
+
+    __slots__ = ("counted", "event", "intake", "started")
+
+    def __init__(self, intake: Intake, event: bool) -> None:
+        self.intake = intake
+        self.event = event
+        self.counted = False
+        self.started = False
+
+    def count(self, reason: str) -> None:
+        if self.event and not self.counted:
+            self.counted = True
+            self.intake.reject(self.intake.source, reason)
+
+
+class ProxyExchange:
+    """One request through the proxy (see the module); :meth:`run` returns when done."""
+
+    def __init__(
+        self, req: Request, client: ServerConnection, fwd: Forwarding, guard: ExchangeGuard
+    ) -> None:
+        self.req = req
+        self.client = client
+        self.fwd = fwd
+        self.guard = guard
+        self.conn: UpstreamConnection | None = None
+        self.finished: asyncio.Future[str | None] | None = None
+        self.sent_at = 0.0
+        self.body = b""  # the request body, when held whole
+        self.status = 0
+        self.resp_headers: list[tuple[bytes, bytes]] = []
+        self._whole: list[bytes] | None = None
+        self._rechunk = False
+        self.capture: list[bytes] | None = None
+        self._captured = 0
+        self.upstream_done_at = self.client_done_at = 0.0
+        self.oversize_response = False
+        self.sample = False  # an event with its whole request body: keep a 2xx answer
+
+    # -- the request ---------------------------------------------------------------------
+
+    def send(self, conn: UpstreamConnection, body: bytes) -> None:
+        """Carry the request, its whole ``body`` held, on ``conn``; the answer follows."""
+        req = self.req
+        self.body = body
+        self.conn = conn
+        conn.start(self, req.method == b"HEAD")
+        self.client.on_pause = conn.pause
+        head = request_head(req, self.fwd)
+        conn.write(head + (_chunk(body) + b"0\r\n\r\n" if req.chunked and body else body))
+        if req.chunked and not body:
+            conn.write(b"0\r\n\r\n")
+        conn.watch()
+        self.sent_at = conn.last_activity
+
+    async def run(self, body: bytes, complete: bool) -> str | None:
+        """Forward, relay, wait for the end; the failure reason or None (relayed whole)."""
+        fwd, client = self.fwd, self.client
+        client.on_lost = self._client_lost
+        for attempt in (0, 1):
+            self.finished = fwd.pool.loop.create_future()
+            conn = fwd.pool.idle() if attempt == 0 else None
+            if conn is None:
+                try:
+                    conn = await fwd.pool.acquire(fresh=attempt == 1)
+                except TimeoutError:
+                    return self._fail("timeout")
+                except OSError:
+                    return self._fail("connect_error")
+            self.conn = conn
+            if client.closed:
+                conn.close()
+                return "client"
+            if complete:
+                self.send(conn, body)
+            elif not await self._stream_body(conn, body):
+                return "client"
+            outcome = await self.finished
+            if attempt == 0 and complete and self.retriable(outcome):
+                continue
+            return self.settle(outcome)
+        return None  # not reached: the second attempt always returns
+
+    def retriable(self, outcome: str | None) -> bool:
+        """A reused connection the upstream had closed before answering anything."""
+        conn = self.conn
+        return outcome == "reset" and conn is not None and conn.reused and not conn.got_bytes
+
+    def settle(self, outcome: str | None) -> str | None:
+        """After the end: count a failure (502/504 or a cut answer) or the answer relayed
+        whole, whose connection goes back to the pool; the failure reason or None."""
+        if outcome is not None:
+            return self._fail(outcome) if outcome != "client" else outcome
+        req, fwd, conn = self.req, self.fwd, self.conn
+        added = max(0.0, self.sent_at - req.received_at) if req.received_at else 0.0
+        fwd.metrics.answered(self.status, added + self.client_done_at - self.upstream_done_at)
+        if conn is not None and conn.keep_alive and not conn.closed:
+            fwd.pool.release(conn)
+        elif conn is not None:
+            conn.close()
+        return None
+
+    def _end(self, outcome: str | None) -> None:
+        """The exchange ended (None: answered whole): wake :meth:`run`."""
+        finished = self.finished
+        if finished is not None and not finished.done():
+            finished.set_result(outcome)
+
+    async def _stream_body(self, conn: UpstreamConnection, prefix: bytes) -> bool:
+        """Forward a body too big to hold, chunk by chunk as it arrives."""
+        chunked = self.req.chunked
+        conn.start(self, self.req.method == b"HEAD")
+        self.client.on_pause = conn.pause
+        head = request_head(self.req, self.fwd)
+        conn.write(head + (_chunk(prefix) if chunked and prefix else prefix))
+        while True:
+            try:
+                chunk = await self.req.body.read()
+            except ConnectionError:
+                conn.close()
+                return False
+            if not chunk:
+                break
+            conn.write(_chunk(chunk) if chunked else chunk)
+            await conn.drain()
+        if chunked:
+            conn.write(b"0\r\n\r\n")
+        conn.watch()
+        self.sent_at = conn.last_activity
+        return True
+
+    # -- the answer (called by the upstream connection) ------------------------------------
+
+    def on_head(self, status: int, reason: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+        self.status = status
+        req = self.req
+        named: frozenset[bytes] = frozenset()
+        length: int | None = None
+        sse = has_date = False
+        parts = [b"HTTP/1.1 %d %b\r\n" % (status, reason)]
+        for name, value in headers:  # one pass; a name the Connection header lists: below
+            low = name.lower()
+            if low in _HOP:
+                if low == b"connection" and value.lower() not in _PLAIN_CONNECTION:
+                    named = _named(value) - _HOP
+                continue
+            parts += (name, b": ", value, b"\r\n")
+            kind = _READ.get(low)
+            if kind == 1:
+                length = int(value) if value.isdigit() else None
+            elif kind == 2:
+                sse = value.startswith(b"text/event-stream")
+            elif kind == 3:
+                has_date = True
+        if named:  # rare: headers made hop-by-hop by the Connection header
+            del parts[1:]
+            for name, value in headers:
+                if name.lower() not in _HOP and name.lower() not in named:
+                    parts += (name, b": ", value, b"\r\n")
+        if not has_date:
+            parts.append(b"Date: " + http_date().encode() + b"\r\n")
+        self.resp_headers = headers
+        no_body = req.method == b"HEAD" or status in (204, 304)
+        if length is None and not no_body:
+            if req.version == "1.1":
+                self._rechunk = True
+                parts.append(b"Transfer-Encoding: chunked\r\n")
+            else:
+                req.keep_alive = False
+        if not req.keep_alive:
+            parts.append(b"Connection: close\r\n")
+        elif req.version == "1.0":
+            parts.append(b"Connection: keep-alive\r\n")
+        parts.append(b"\r\n")
+        if self.sample and 200 <= status < 300:
+            self.capture = []
+        if length is not None and length <= WHOLE_BODY_BYTES and not no_body and not sse:
+            self._whole = parts  # the body joins the head: one write when it is all here
+        else:
+            self.guard.started = True
+            self.client.write(b"".join(parts))
+
+    def on_body(self, chunk: bytes) -> None:
+        if self._whole is not None:
+            self._whole.append(chunk)
+        else:
+            self.client.write(_chunk(chunk) if self._rechunk else chunk)
+        if self.capture is not None:
+            self._captured += len(chunk)
+            if self._captured <= self.fwd.max_body:
+                self.capture.append(chunk)
+            else:
+                self.capture = None
+                self.oversize_response = True
+
+    def on_done(self) -> None:
+        loop = self.fwd.pool.loop
+        self.upstream_done_at = loop.time()
+        if self._whole is not None:
+            self.guard.started = True
+            self.client.write(b"".join(self._whole))
+        elif self._rechunk:
+            self.client.write(b"0\r\n\r\n")
+        self.client_done_at = loop.time()
+        self._end(None)
+
+    def on_lost(self, reason: str) -> None:
+        self._end(reason)
+
+    def _client_lost(self) -> None:
+        if self.conn is not None:
+            self.conn.close()  # mid-answer: the connection is not given back to the pool
+        self._end("client")
+
+    def _fail(self, reason: str) -> str:
+        """Count an upstream failure; answer 502/504, or cut an answer already begun."""
+        if self.conn is not None:
+            self.conn.close()
+        self.fwd.metrics.failed(reason)
+        if self.guard.started:
+            self.client.abort()  # the client must see the truncation
+        elif reason == "timeout":
+            self.client.write(error_response(504, "Gateway Timeout", "upstream timed out"))
+        elif reason == "connect_error":
+            self.client.write(error_response(502, "Bad Gateway", "upstream unreachable"))
+        else:
+            self.client.write(error_response(502, "Bad Gateway", "upstream broke off"))
+        return reason
+
+    def answer(self) -> tuple[bytes, HeaderView] | None:
+        """The whole 2xx answer body and headers, for sampling (None: not kept)."""
+        if self.capture is None:
+            return None
+        return b"".join(self.capture), HeaderView(self.resp_headers)
+
+
+def is_chat_completions_path(path: str) -> bool:
+    """``…/chat/completions`` under any prefix (``/v1/…``, ``/openai/v1/…``, Azure's …)."""
+    return path.rstrip("/").endswith("/chat/completions")
+
+
+def is_chat_target(target: bytes) -> bool:
+    """:func:`is_chat_completions_path` of a raw request target (path and query)."""
+    path = target.partition(b"?")[0]
+    return path.endswith(b"/chat/completions") or path.rstrip(b"/").endswith(b"/chat/completions")
+
+
+def target_path(target: bytes) -> str:
+    """The path of a raw request target, decoded as aiohttp does."""
+    return target.split(b"?", 1)[0].decode("utf-8", "surrogateescape")
+
+
+def expect_answered(req: Request, client: ServerConnection) -> bool:
+    """``100 Continue`` for ``Expect: 100-continue`` (HTTP/1.1); False after answering
+    any other value with a fixed 417 (never echoed) and closing."""
+    if req.expect is None or req.version != "1.1":
+        return True
+    if req.expect.strip().lower() == b"100-continue":
+        if not req.body.done:
+            client.write(_CONTINUE)
+        return True
+    req.keep_alive = False
+    message = "only Expect: 100-continue is supported"
+    client.write(error_response(417, "Expectation Failed", message, close=True))
+    return False
+
+
+class Proxy:
+    """The proxy's request handler (see the module), guarded: whatever one request
+    raises is logged, counted once (an event) and answered 500, or cuts the answer."""
+
+    def __init__(self, fwd: Forwarding, intake: Intake) -> None:
+        self.fwd = fwd
+        self.intake = intake
+
+    async def handle(self, req: Request, client: ServerConnection) -> None:
+        guard = ExchangeGuard(self.intake, req.method == b"POST" and is_chat_target(req.target))
+        try:
+            await self._handle(req, client, guard)
+        except Exception as exc:  # a bug; asyncio.CancelledError is not an Exception
+            self._failed(exc, guard, client)
+        finally:
+            client.on_lost = client.on_pause = None
+
+    @staticmethod
+    def _failed(exc: Exception, guard: ExchangeGuard, client: ServerConnection) -> None:
+        reason = internal_error(exc)
+        _log.error("traffic_request_failed", error=reason, at=raised_at(exc))
+        guard.count(reason)
+        if guard.started:
+            client.abort()
+        else:
+            message = f"relmon could not handle this request ({reason})"
+            client.write(error_response(500, "Internal Server Error", message))
+
+    async def _handle(self, req: Request, client: ServerConnection, guard: ExchangeGuard) -> None:
+        if not expect_answered(req, client):
+            return
+        body, complete = b"", True
+        if req.has_body:
+            whole = req.body.whole() if req.body.size <= self.fwd.max_body else None
+            if whole is not None:  # the usual case: all of it came with the head
+                body = whole
+            else:
+                try:
+                    body, complete = await read_prefix(req.body, self.fwd.max_body)
+                except ConnectionError:
+                    guard.count("truncated body")
+                    return
+                if not complete:
+                    guard.count("oversize")
+        exchange = ProxyExchange(req, client, self.fwd, guard)
+        exchange.sample = guard.event and complete
+        exchange.body = body
+        if await exchange.run(body, complete) is None:
+            self._offer(exchange)
+
+    def _offer(self, exchange: ProxyExchange) -> None:
+        """After a relayed answer: a sampled event with a whole 2xx answer is offered."""
+        if not exchange.sample or not 200 <= exchange.status < 300:
+            return
+        if exchange.oversize_response:
+            exchange.guard.count("oversize response")
+            return
+        req = exchange.req
+        headers, rid = HeaderView(req.headers), request_id(req.request_id)
+        path = target_path(req.target)
+        if not self.intake.skipped(headers, path, rid):
+            answer = exchange.answer()
+            self.intake.offer(
+                exchange.guard.count, headers, path, exchange.body, answer=answer, rid=rid
+            )

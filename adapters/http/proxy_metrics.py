@@ -1,0 +1,91 @@
+"""The inline proxy's own metrics (docs/metrics.md), registered once in the registry
+passed in. The hot path only adds to plain ints and floats (no lock, no bucket walk in
+Python: one ``bisect``); the Prometheus families are built from them when scraped.
+
+``relmon_proxy_requests_total{status_class}``: answers relayed from the upstream, by the
+class of the upstream's status (``2xx``, ``3xx``, ``4xx``, ``5xx``).
+``relmon_proxy_added_latency_seconds``: the time a relayed request spent in relmon
+itself: from the whole request received to its last byte written upstream, plus from
+the upstream's last byte to the client's (the upstream's own time excluded).
+``relmon_proxy_upstream_failures_total{reason}``: requests the upstream did not answer:
+``connect_error`` (502), ``timeout`` (connect or read; 504, or a cut answer),
+``reset`` (closed before the answer ended) and ``invalid_response`` (not HTTP).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Iterator
+from itertools import accumulate
+from typing import Final
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+
+__all__ = ["ADDED_LATENCY_BUCKETS", "FAILURE_REASONS", "STATUS_CLASSES", "ProxyMetrics"]
+
+STATUS_CLASSES: Final = ("2xx", "3xx", "4xx", "5xx")
+FAILURE_REASONS: Final = ("connect_error", "timeout", "reset", "invalid_response")
+ADDED_LATENCY_BUCKETS: Final = (
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1,
+)  # fmt: skip
+
+
+class ProxyMetrics(Collector):
+    """The proxy's counters and histogram (a private registry when none is given)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        # Index: status // 100, clamped to 5 (a 1xx final status cannot reach here).
+        self._by_class = [0] * 6
+        self._failures = dict.fromkeys(FAILURE_REASONS, 0)
+        # One count per bucket (the last: over the largest bound), not cumulative.
+        self._buckets = [0] * (len(ADDED_LATENCY_BUCKETS) + 1)
+        self._sum = 0.0
+        registry = registry if registry is not None else CollectorRegistry()
+        registry.register(self)
+
+    def answered(self, status: int, added_s: float) -> None:
+        """An answer relayed whole: its status and the time relmon added."""
+        self._by_class[min(status // 100, 5)] += 1
+        self._buckets[bisect_left(ADDED_LATENCY_BUCKETS, added_s)] += 1
+        self._sum += added_s
+
+    def failed(self, reason: str) -> None:
+        """An upstream failure (one of :data:`FAILURE_REASONS`)."""
+        self._failures[reason] += 1
+
+    def describe(self) -> list[Metric]:
+        return list(self._families())
+
+    def collect(self) -> Iterator[Metric]:
+        return self._families()
+
+    def _families(self) -> Iterator[Metric]:
+        requests = CounterMetricFamily(
+            "relmon_proxy_requests",
+            "Answers the proxy relayed from the upstream, by upstream status class.",
+            labels=["status_class"],
+        )
+        by_class = self._by_class
+        counts = (by_class[0] + by_class[1] + by_class[2], *by_class[3:])
+        for status_class, count in zip(STATUS_CLASSES, counts, strict=True):
+            requests.add_metric([status_class], count)
+        yield requests
+        bounds = [*map(floatToGoString, ADDED_LATENCY_BUCKETS), "+Inf"]
+        cumulative = list(accumulate(self._buckets))
+        yield HistogramMetricFamily(
+            "relmon_proxy_added_latency_seconds",
+            "Time a relayed request spent in relmon itself, the upstream's time excluded.",
+            buckets=list(zip(bounds, cumulative, strict=True)),
+            sum_value=self._sum,
+        )
+        failures = CounterMetricFamily(
+            "relmon_proxy_upstream_failures",
+            "Requests the upstream did not answer, by reason.",
+            labels=["reason"],
+        )
+        for reason, count in self._failures.items():
+            failures.add_metric([reason], count)
+        yield failures

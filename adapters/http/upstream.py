@@ -1,0 +1,303 @@
+"""The proxy's client side: a pool of persistent keep-alive connections to the upstream,
+each a raw :class:`asyncio.Protocol` whose responses httptools parses.
+
+:meth:`UpstreamPool.acquire` hands out an idle connection (the most recently used
+first), opens a new one within the connect timeout, or, with ``max_connections`` in use,
+waits for one to come back. Once its request is sent, a connection that receives no
+byte for the read timeout is closed and its exchange told ``on_lost("timeout")``
+(:meth:`UpstreamConnection.watch`; checked every quarter of the timeout, at most every
+second). A connection carries one exchange at a time: it calls the
+exchange's ``on_head``, ``on_body`` (each chunk as it arrives, no copy), ``on_done`` and
+``on_lost``; 1xx interim answers are dropped. A connection goes back into the pool only
+when its exchange completed and the upstream keeps it alive (:meth:`UpstreamPool.release`);
+any other ends it (:meth:`UpstreamConnection.close`). A connection the upstream closes
+while idle leaves the pool by itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections import deque
+from typing import Protocol, cast
+
+import httptools
+
+__all__ = ["Exchange", "UpstreamConnection", "UpstreamPool"]
+
+
+class Exchange(Protocol):
+    """What an upstream connection reports to the request it carries."""
+
+    def on_head(self, status: int, reason: bytes, headers: list[tuple[bytes, bytes]]) -> None: ...
+    def on_body(self, chunk: bytes) -> None: ...
+    def on_done(self) -> None: ...
+    def on_lost(self, reason: str) -> None: ...
+
+
+class UpstreamConnection(asyncio.Protocol):
+    """One keep-alive connection to the upstream (see the module)."""
+
+    def __init__(self, pool: UpstreamPool) -> None:
+        self._pool = pool
+        self._loop = pool.loop
+        self._parser = httptools.HttpResponseParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.exchange: Exchange | None = None
+        self.closed = False
+        self.reused = False
+        self.got_bytes = False
+        self.head_only = False
+        self.last_activity = 0.0
+        self.keep_alive = False
+        self.complete = False
+        self.eof_ends = False  # no length, not chunked: the body ends when the upstream closes
+        self._interim = False
+        self._reason = b""
+        self._headers: list[tuple[bytes, bytes]] = []
+        self._framed = False
+        self._writable = True
+        self._drain: asyncio.Future[None] | None = None
+
+    def start(self, exchange: Exchange, head_only: bool) -> None:
+        """Carry ``exchange`` (its request is written next)."""
+        self.exchange = exchange
+        self.head_only = head_only
+        self.got_bytes = False
+        self.complete = False
+        self.last_activity = self._loop.time()
+
+    def watch(self) -> None:
+        """The request is sent: from now on, no byte for the read timeout times it out."""
+        self.last_activity = self._loop.time()
+        self._pool.watched.add(self)
+        self._pool.sweep_soon()
+
+    def write(self, data: bytes) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.write(data)
+
+    async def drain(self) -> None:
+        if not self._writable and not self.closed:
+            self._drain = self._loop.create_future()
+            await self._drain
+
+    def pause(self, paused: bool) -> None:
+        """Stop (or go on) reading the upstream while the client cannot keep up."""
+        if self.transport is not None and not self.closed:
+            if paused:
+                self.transport.pause_reading()
+            else:
+                self.transport.resume_reading()
+
+    def close(self) -> None:
+        """End the connection (never returned to the pool)."""
+        self.exchange = None
+        self._pool.watched.discard(self)
+        if self.transport is not None and not self.closed:
+            self.transport.abort()
+
+    # -- asyncio.Protocol --------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._pool.lost(self)
+        if self._drain is not None and not self._drain.done():
+            self._drain.set_result(None)
+        exchange, self.exchange = self.exchange, None
+        if exchange is None or self.complete:
+            return
+        if self.eof_ends and self._framed:
+            self.complete = True
+            exchange.on_done()
+        else:
+            exchange.on_lost("reset")
+
+    def data_received(self, data: bytes) -> None:
+        self.last_activity = self._loop.time()
+        self.got_bytes = True
+        if self.exchange is None:  # bytes nobody asked for: this connection is unusable
+            self.close()
+            return
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError:
+            exchange, self.exchange = self.exchange, None
+            self.close()
+            if exchange is not None and not self.complete:
+                exchange.on_lost("invalid_response")
+
+    def pause_writing(self) -> None:
+        self._writable = False
+
+    def resume_writing(self) -> None:
+        self._writable = True
+        if self._drain is not None and not self._drain.done():
+            self._drain.set_result(None)
+
+    # -- httptools callbacks -----------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self._reason = b""
+        self._headers = []
+        self._framed = False
+        self.eof_ends = False
+
+    def on_status(self, reason: bytes) -> None:
+        self._reason += reason
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        status = self._parser.get_status_code()
+        if status < 200:  # 100 Continue, 103 Early Hints: not relayed, the answer follows
+            self._interim = True
+            return
+        self._framed = True
+        self.keep_alive = self._parser.should_keep_alive()
+        self.eof_ends = not self.keep_alive and status not in (204, 304) and not self.head_only
+        if self.exchange is not None:
+            self.exchange.on_head(status, self._reason, self._headers)
+        if self.head_only:  # llhttp would wait for the body the length announces
+            self._parser = httptools.HttpResponseParser(self)
+            self._finish()
+
+    def on_body(self, body: bytes) -> None:
+        if self.exchange is not None and not self._interim:
+            self.exchange.on_body(body)
+
+    def on_message_complete(self) -> None:
+        if self._interim:
+            self._interim = False
+            return
+        self._finish()
+
+    def _finish(self) -> None:
+        if self.complete:
+            return
+        self.complete = True
+        self._pool.watched.discard(self)
+        exchange, self.exchange = self.exchange, None
+        if exchange is not None:
+            exchange.on_done()
+
+
+class UpstreamPool:
+    """Up to ``max_connections`` connections to one upstream (see the module)."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        tls: bool,
+        connect_timeout_s: float,
+        read_timeout_s: float,
+        max_connections: int,
+    ) -> None:
+        self.loop = asyncio.get_running_loop()
+        self._read_timeout = read_timeout_s
+        # Connections waiting for their answer; one timer sweeps them all (a timer per
+        # request costs more than the rest of its bookkeeping).
+        self.watched: set[UpstreamConnection] = set()
+        self._tick = min(1.0, read_timeout_s / 4)
+        self._sweeping = False
+        self._host = host
+        self._port = port
+        self._ssl = ssl.create_default_context() if tls else None
+        self._connect_timeout = connect_timeout_s
+        self._max = max_connections
+        self._idle: list[UpstreamConnection] = []
+        self._open = 0
+        self._waiters: deque[asyncio.Future[UpstreamConnection | None]] = deque()
+        self.closing = False
+
+    def idle(self) -> UpstreamConnection | None:
+        """An idle connection at once (the most recently used), None when there is none."""
+        idle = self._idle
+        while idle:
+            conn = idle.pop()
+            if not conn.closed:
+                return conn
+        return None
+
+    async def acquire(self, *, fresh: bool = False) -> UpstreamConnection:
+        """An idle connection, else a new one (OSError, TimeoutError when it fails)."""
+        while self._idle and not fresh:
+            conn = self._idle.pop()
+            if not conn.closed:
+                return conn
+        if self._open >= self._max:
+            waiter: asyncio.Future[UpstreamConnection | None] = self.loop.create_future()
+            self._waiters.append(waiter)
+            handed = await waiter
+            if handed is not None:
+                return handed
+        self._open += 1
+        try:
+            async with asyncio.timeout(self._connect_timeout):
+                _, conn = await self.loop.create_connection(
+                    lambda: UpstreamConnection(self),
+                    self._host,
+                    self._port,
+                    ssl=self._ssl,
+                    server_hostname=self._host if self._ssl is not None else None,
+                )
+        except BaseException:
+            self._open -= 1
+            self._wake(None)
+            raise
+        return conn
+
+    def release(self, conn: UpstreamConnection) -> None:
+        """``conn`` finished an exchange and stays open: the next one takes it."""
+        conn.reused = True
+        if self.closing or conn.closed:
+            conn.close()
+            return
+        if not self._wake(conn):
+            self._idle.append(conn)
+
+    def _wake(self, conn: UpstreamConnection | None) -> bool:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(conn)
+                return True
+        return False
+
+    def lost(self, conn: UpstreamConnection) -> None:
+        self._open -= 1
+        self.watched.discard(conn)
+        if conn in self._idle:
+            self._idle.remove(conn)
+        self._wake(None)
+
+    def sweep_soon(self) -> None:
+        if not self._sweeping:
+            self._sweeping = True
+            self.loop.call_later(self._tick, self._sweep)
+
+    def _sweep(self) -> None:
+        """Time out the watched connections with no byte for the read timeout (checked
+        every quarter of it, at most every second)."""
+        self._sweeping = False
+        deadline = self.loop.time() - self._read_timeout
+        for conn in [c for c in self.watched if c.last_activity <= deadline]:
+            exchange = conn.exchange
+            conn.close()
+            if exchange is not None:
+                exchange.on_lost("timeout")
+        if self.watched:
+            self.sweep_soon()
+
+    def close(self) -> None:
+        """Close the idle connections; the busy ones close when their exchange ends."""
+        self.closing = True
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()

@@ -1,0 +1,407 @@
+"""The traffic port's server side: HTTP/1.1 on a raw :class:`asyncio.Protocol`, parsed by
+httptools (the way uvicorn builds its server), with no copy of a header or a body.
+
+One :class:`ServerConnection` per client connection parses requests as bytes arrive and
+runs one handler coroutine per request, in order: pipelined requests wait their turn
+(reading pauses while one waits), keep-alive follows the request (``Connection``, HTTP
+version). A request's body arrives in a :class:`Body` its handler reads; reading pauses
+while more than :data:`HIGH_WATER` bytes of it wait. A handler that answered before the
+whole body arrived (413) leaves the rest to be read and discarded. Bytes that are no
+HTTP/1.1 get a 400 and the connection is closed. Writes go straight to the transport;
+:attr:`ServerConnection.on_pause` lets a proxy stop reading its upstream while the
+client cannot keep up. When the client goes away, :attr:`ServerConnection.on_lost` is
+called and the handler's body reads fail with :class:`ConnectionError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from email.utils import formatdate
+from typing import cast
+
+import httptools
+
+from monitor.core.errors import InputError
+
+__all__ = [
+    "HIGH_WATER",
+    "Body",
+    "Handler",
+    "Request",
+    "ServerConnection",
+    "error_response",
+    "http_date",
+    "read_prefix",
+]
+
+HIGH_WATER = 262_144
+MAX_FIELD_BYTES = 8190
+"""The longest request target or header line taken (aiohttp's limits); longer: 400/431."""
+MAX_HEAD_BYTES = 65_536
+_LOW_WATER = 65_536
+# Headers the traffic port reads itself (kept apart as they are parsed).
+_SPECIAL = frozenset(
+    {b"connection", b"content-length", b"expect", b"transfer-encoding", b"x-request-id"}
+)
+
+
+def error_response(status: int, reason: str, message: str, *, close: bool = False) -> bytes:
+    """A whole JSON error answer, ``{"error": {"message": …, "type": …}}``."""
+    body = json.dumps({"error": {"message": message, "type": "relmon_traffic_error"}}).encode()
+    head = f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json; charset=utf-8\r\n"
+    head += f"Content-Length: {len(body)}\r\nDate: {http_date()}\r\n"
+    head += "Connection: close\r\n\r\n" if close else "\r\n"
+    return head.encode() + body
+
+
+_date = ["", 0.0]
+
+
+def http_date() -> str:
+    """The ``Date`` header's value, formatted once a second."""
+    now = time.time()
+    if now - _date[1] >= 1.0:  # type: ignore[operator]
+        _date[0], _date[1] = formatdate(now, usegmt=True), float(int(now))
+    return _date[0]  # type: ignore[return-value]
+
+
+class _HeadTooLargeError(InputError):
+    """A request head over the limits: answered ``status`` and the connection closed."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.reason, self.message = status, reason, message
+
+
+class Body:
+    """A request body as it arrives; :meth:`read` gives its chunks, ``b""`` at the end."""
+
+    __slots__ = ("_chunks", "_conn", "_waiter", "buffered", "discard", "done", "error", "size")
+
+    def __init__(self, conn: ServerConnection) -> None:
+        self._conn = conn
+        self._chunks: deque[bytes] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self.buffered = 0
+        self.size = 0
+        self.done = False
+        self.discard = False
+        self.error: BaseException | None = None
+
+    def feed(self, chunk: bytes) -> None:
+        self.size += len(chunk)
+        if self.discard:
+            return
+        self._chunks.append(chunk)
+        self.buffered += len(chunk)
+        if self.buffered > HIGH_WATER:
+            self._conn.pause_reading()
+        self._wake()
+
+    def finish(self) -> None:
+        self.done = True
+        self._wake()
+
+    def fail(self, exc: BaseException) -> None:
+        self.error = exc
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def read(self) -> bytes:
+        """The next chunk, ``b""`` at the end; ConnectionError if the client left."""
+        while not self._chunks:
+            if self.error is not None:
+                raise ConnectionError("the client closed the connection")
+            if self.done:
+                return b""
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
+            self._waiter = None
+        chunk = self._chunks.popleft()
+        self.buffered -= len(chunk)
+        if self.buffered < _LOW_WATER:
+            self._conn.resume_reading()
+        return chunk
+
+    def whole(self) -> bytes | None:
+        """The whole body, without waiting, when all of it has arrived (a single chunk
+        is not copied); None while more may come or when the client left."""
+        if not self.done or self.error is not None or self.discard:
+            return None
+        chunks = self._chunks
+        body = b"" if not chunks else chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        chunks.clear()
+        self.buffered = 0
+        self._conn.resume_reading()
+        return body
+
+    def skip_rest(self) -> None:
+        """Nobody reads the rest: drop what waits and what still comes."""
+        self.discard = True
+        self._chunks.clear()
+        self.buffered = 0
+        self._conn.resume_reading()
+
+
+class Request:
+    """One parsed request head, its body to come, and when it was received."""
+
+    __slots__ = (
+        "body",
+        "chunked",
+        "connection",
+        "content_length",
+        "expect",
+        "headers",
+        "keep_alive",
+        "method",
+        "received_at",
+        "request_id",
+        "target",
+        "version",
+    )
+
+    def __init__(self, conn: ServerConnection, parser: httptools.HttpRequestParser) -> None:
+        self.method: bytes = parser.get_method()
+        self.target: bytes = conn._url
+        self.headers: list[tuple[bytes, bytes]] = conn._headers
+        self.version: str = parser.get_http_version()
+        self.keep_alive: bool = parser.should_keep_alive()
+        special = conn._special
+        self.connection: bytes = special.get(b"connection", b"")
+        self.expect: bytes | None = special.get(b"expect")
+        self.request_id: bytes | None = special.get(b"x-request-id")
+        self.chunked = b"chunked" in special.get(b"transfer-encoding", b"").lower()
+        length = special.get(b"content-length")
+        self.content_length: int | None = None
+        if length is not None and length.isdigit():
+            self.content_length = int(length)
+        self.body = Body(conn)
+        self.received_at = 0.0
+
+    @property
+    def has_body(self) -> bool:
+        return self.chunked or bool(self.content_length)
+
+
+Handler = Callable[["Request", "ServerConnection"], Awaitable[None]]
+
+
+class ServerConnection(asyncio.Protocol):
+    """One client connection: parse, run each request's handler in turn, keep alive."""
+
+    def __init__(self, handler: Handler, connections: set[ServerConnection]) -> None:
+        self._handler = handler
+        self._connections = connections
+        self._loop = asyncio.get_event_loop()
+        self._parser = httptools.HttpRequestParser(self)
+        self.transport: asyncio.Transport | None = None
+        self._url = b""
+        self._head_size = 0
+        self._headers: list[tuple[bytes, bytes]] = []
+        self._special: dict[bytes, bytes] = {}
+        self._parsing: Request | None = None
+        self._pending: deque[Request] = deque()
+        self._task: asyncio.Task[None] | None = None
+        self._read_paused = False
+        self._broken: bytes | None = None  # the error answer owed after the running request
+        self.closed = False
+        self._eof = False
+        self.writable = True
+        self._drain: asyncio.Future[None] | None = None
+        self.on_pause: Callable[[bool], None] | None = None
+        self.on_lost: Callable[[], None] | None = None
+
+    # -- asyncio.Protocol --------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass
+        self._connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._connections.discard(self)
+        for request in (self._parsing, *self._pending):
+            if request is not None:
+                request.body.fail(ConnectionError("client gone"))
+        self._pending.clear()
+        if self._drain is not None and not self._drain.done():
+            self._drain.set_result(None)
+        on_lost, self.on_lost = self.on_lost, None
+        if on_lost is not None:
+            on_lost()
+
+    def data_received(self, data: bytes) -> None:
+        answer = None
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserCallbackError as exc:
+            cause = exc.__context__
+            if isinstance(cause, _HeadTooLargeError):
+                answer = error_response(cause.status, cause.reason, cause.message, close=True)
+            else:
+                answer = error_response(400, "Bad Request", "malformed HTTP request", close=True)
+        except httptools.HttpParserUpgrade:
+            answer = error_response(501, "Not Implemented", "upgrades are not proxied", close=True)
+        except httptools.HttpParserError:
+            answer = error_response(400, "Bad Request", "malformed HTTP request", close=True)
+        if answer is not None:
+            self._fail(answer)
+
+    def eof_received(self) -> bool | None:
+        """The client is done sending (a half-close): answer what it sent, then close."""
+        self._eof = True
+        if self._parsing is not None:  # a body cut short never ends
+            self._parsing.body.fail(ConnectionError("the client stopped sending"))
+        if self._task is None:
+            self.close()
+        return True  # keep the transport open to write the answers
+
+    def pause_writing(self) -> None:
+        self.writable = False
+        if self.on_pause is not None:
+            self.on_pause(True)
+
+    def resume_writing(self) -> None:
+        self.writable = True
+        if self._drain is not None and not self._drain.done():
+            self._drain.set_result(None)
+        if self.on_pause is not None:
+            self.on_pause(False)
+
+    # -- httptools callbacks -----------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self._head_size = 0
+        self._url = b""
+        self._headers = []
+        self._special = {}
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+        if len(self._url) > MAX_FIELD_BYTES:
+            raise _HeadTooLargeError(400, "Bad Request", "request target too long")
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._head_size += len(name) + len(value)
+        if len(value) > MAX_FIELD_BYTES or self._head_size > MAX_HEAD_BYTES:
+            raise _HeadTooLargeError(
+                431, "Request Header Fields Too Large", "request headers too large"
+            )
+        self._headers.append((name, value))
+        low = name.lower()
+        if low in _SPECIAL and (low != b"x-request-id" or low not in self._special):
+            self._special[low] = value  # the last one, but the first X-Request-Id
+
+    def on_headers_complete(self) -> None:
+        request = Request(self, self._parser)
+        self._parsing = request
+        if self._task is None:
+            self._task = self._loop.create_task(self._run(request))
+        else:
+            self._pending.append(request)
+            self.pause_reading()  # one request in hand is enough: it waits its turn
+
+    def on_body(self, body: bytes) -> None:
+        if self._parsing is not None:
+            self._parsing.body.feed(body)
+
+    def on_message_complete(self) -> None:
+        request, self._parsing = self._parsing, None
+        if request is not None:
+            request.received_at = self._loop.time()
+            request.body.finish()
+
+    # -- running requests --------------------------------------------------------------------
+
+    async def _run(self, request: Request | None) -> None:
+        while request is not None and not self.closed:
+            try:
+                await self._handler(request, self)
+            except Exception:  # the handler guards itself: this is a last resort
+                self.abort()
+                break
+            if not request.keep_alive or self.transport is None or self.transport.is_closing():
+                self.close()
+                break
+            if not request.body.done:
+                request.body.skip_rest()
+                try:
+                    await request.body.read()  # b"" once the dropped rest has been read
+                except ConnectionError:
+                    break
+            request = self._pending.popleft() if self._pending else None
+            if not self._pending:
+                self.resume_reading()
+        self._task = None
+        if self._eof:
+            self.close()
+        if self._broken is not None and not self.closed:
+            self.write(self._broken)
+            self.close()
+
+    def _fail(self, answer: bytes) -> None:
+        if self._task is None:
+            self.write(answer)
+            self.close()
+        else:  # answered after the request that is running, then closed
+            self._broken = answer
+            self.pause_reading()
+
+    @property
+    def running(self) -> asyncio.Task[None] | None:
+        """The task handling this connection's requests (None between requests)."""
+        return self._task
+
+    # -- for handlers ------------------------------------------------------------------------
+
+    def write(self, data: bytes) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.write(data)
+
+    async def drain(self) -> None:
+        """Wait while the client reads slower than the answer comes."""
+        if not self.writable and not self.closed:
+            self._drain = self._loop.create_future()
+            await self._drain
+
+    def close(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
+
+    def abort(self) -> None:
+        """Cut the connection: the client must see its answer was cut short."""
+        if self.transport is not None:
+            self.transport.abort()
+
+    def pause_reading(self) -> None:
+        if not self._read_paused and self.transport is not None and not self.closed:
+            self._read_paused = True
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self._read_paused and self.transport is not None and not self.closed:
+            self._read_paused = False
+            self.transport.resume_reading()
+
+
+async def read_prefix(body: Body, limit: int) -> tuple[bytes, bool]:
+    """At least the first ``limit + 1`` bytes of ``body`` (all of it if shorter; a single
+    chunk is not copied); ``True`` when the body ended within ``limit``."""
+    chunks: list[bytes] = []
+    size = 0
+    while size <= limit:
+        chunk = await body.read()
+        if not chunk:
+            return (chunks[0] if len(chunks) == 1 else b"".join(chunks)), True
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks), False

@@ -1,0 +1,391 @@
+"""The proxy as users see it, with wrk: relmon's added latency at moderate load, its
+requests/s at saturation and the CPU it spends per request, beside nginx ``proxy_pass``.
+
+Processes on 127.0.0.1: the upstream (``--upstream aiohttp``, the default: the small
+aiohttp server of ``proxy_latency_bench.py`` answering a fixed chat-completion JSON; or
+``--upstream nginx``: nginx, one worker, answering the same JSON with ``return``, the
+cheapest upstream there is, where the proxies alone are the bottleneck); ``relmon run``
+in proxy mode in front of it (the whole service: one task, 1% of the traffic sampled
+and re-asked of the same upstream); nginx ``proxy_pass`` (one
+worker, keep-alive connections to the upstream) in front of the same upstream; and
+Debian's ``wrk`` (one thread, closed loop, a 1.7 KB chat-completion request body).
+
+* Moderate load: ``--latency-connections`` (8) connections; each repeat runs wrk against
+  the upstream directly, relmon and nginx, one after the other in a rotating order, so
+  the three targets run within the same seconds. Added latency: a target's p50 (p99)
+  minus the direct call's p50 (p99) of the same repeat.
+* Saturation: ``--connections`` (32) connections against relmon and nginx in
+  alternating order: requests/s, and the CPU-seconds (user + system, every thread and
+  worker of the proxy process) per 10,000 requests, read from ``/proc``.
+
+``--data-plane uvloop|asyncio`` puts the proxy's data plane alone in relmon's place (its
+TrafficServer, every event skipped: no service around it) on that event loop.
+
+Reported: medians over ``--repeats`` repeats and the ratios relmon/nginx. With
+``--profile FILE`` py-spy samples relmon during its first saturation run and the
+hottest functions (by own time and by inclusive time) go into the JSON document.
+
+    .venv/bin/python bench/proxy_saturation_bench.py [--seconds 3] [--repeats 5] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import uvloop
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import benchlib
+from proxy_latency_bench import start_nginx
+
+from adapters.http.traffic import TrafficServer, header_task_resolver
+from monitor.engine.ports import Admission
+
+TARGETS = ("direct", "relmon", "nginx")
+_SYSTEM = "You are a careful assistant. Answer with one number and nothing else. " * 18
+REQUEST = json.dumps(
+    {
+        "model": "bench-model",
+        "temperature": 0,
+        "messages": [
+            {"role": "system", "content": _SYSTEM.strip()},
+            {"role": "user", "content": "What is 6 times 7?"},
+        ],
+    }
+).encode()
+HEADERS = {"Content-Type": "application/json", "Authorization": "Bearer app-key"}
+COMPLETION = json.dumps(
+    {
+        "id": "chatcmpl-bench",
+        "object": "chat.completion",
+        "model": "bench-model",
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": "42"}, "finish_reason": "stop"}
+        ],
+        "usage": {"prompt_tokens": 20, "completion_tokens": 1, "total_tokens": 21},
+    }
+)
+
+
+def start_static_upstream(prefix: Path, port: int) -> subprocess.Popen[bytes]:
+    """nginx answering every request with :data:`COMPLETION` (one worker, keep-alive)."""
+    for d in ("logs", "tmp"):
+        (prefix / d).mkdir(parents=True, exist_ok=True)
+    body = COMPLETION.replace("\\", "\\\\").replace("'", "\\'")
+    conf = prefix / "nginx.conf"
+    conf.write_text(
+        f"""daemon off;
+worker_processes 1;
+pid {prefix}/nginx.pid;
+error_log {prefix}/logs/error.log;
+events {{ worker_connections 1024; }}
+http {{
+    access_log off;
+    client_body_temp_path {prefix}/tmp/body;
+    keepalive_requests 1000000;
+    server {{
+        listen 127.0.0.1:{port};
+        location / {{ default_type application/json; return 200 '{body}'; }}
+    }}
+}}
+"""
+    )
+    proc = subprocess.Popen(
+        ["nginx", "-p", str(prefix), "-c", str(conf), "-e", str(prefix / "logs/error.log")],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    benchlib.wait_port(port, proc, deadline_s=30)
+    return proc
+
+
+def _cpu_s(pids: list[int]) -> float:
+    """User + system CPU-seconds of ``pids`` (each process: all its threads)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / tick
+
+
+def _family(pid: int) -> list[int]:
+    """``pid`` and its children (nginx's master and worker)."""
+    kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return [pid, *map(int, kids)]
+
+
+def _profile_summary(raw: Path, top: int = 15) -> dict[str, Any]:
+    """py-spy's collapsed stacks -> the hottest functions by own and inclusive samples."""
+    own: collections.Counter[str] = collections.Counter()
+    inclusive: collections.Counter[str] = collections.Counter()
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        n = int(count)
+        frames = [
+            f.split(" (")[0] + " " + f.rsplit("/", 1)[-1].rstrip(")") for f in stack.split(";")
+        ]
+        total += n
+        own[frames[-1]] += n
+        for frame in set(frames):
+            inclusive[frame] += n
+    share = lambda c: [[k, round(v / total, 4)] for k, v in c.most_common(top)]  # noqa: E731
+    return {"samples": total, "own": share(own), "inclusive": share(inclusive)}
+
+
+def _wrk_cpu(url: str, script: Path, conns: int, seconds: float, pids: list[int]) -> dict[str, Any]:
+    before = _cpu_s(pids)
+    res = benchlib.wrk(url, script, connections=conns, seconds=seconds)
+    cpu = _cpu_s(pids) - before
+    return res | {"cpu_s": cpu, "cpu_s_per_10k": cpu / max(res["requests"], 1) * 10_000}
+
+
+def _measure(
+    urls: dict[str, str], pids: dict[str, list[int]], script: Path, args: argparse.Namespace
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    latency: list[dict[str, Any]] = []
+    saturation: list[dict[str, Any]] = []
+    for target in TARGETS:  # warm-up, not reported
+        benchlib.wrk(urls[target], script, connections=args.connections, seconds=1)
+    for r in range(args.repeats):
+        order = TARGETS[r % 3 :] + TARGETS[: r % 3]
+        rep = {
+            t: benchlib.wrk(
+                urls[t], script, connections=args.latency_connections, seconds=args.seconds
+            )
+            for t in order
+        }
+        latency.append(rep)
+        sat: dict[str, Any] = {}
+        for t in ("relmon", "nginx") if r % 2 == 0 else ("nginx", "relmon"):
+            if args.profile is not None and r == 0 and t == "relmon":
+                sat[t] = _profiled(urls[t], script, pids[t][0], args)
+            else:
+                sat[t] = _wrk_cpu(urls[t], script, args.connections, args.seconds, pids[t])
+        saturation.append(sat)
+        print(
+            f"  repeat {r + 1}: p50 "
+            + " ".join(f"{t} {rep[t]['p50_ms']:.3f}" for t in TARGETS)
+            + f" ms | sat relmon {sat['relmon']['requests_per_s']:,.0f} nginx "
+            f"{sat['nginx']['requests_per_s']:,.0f} req/s | cpu/10k relmon "
+            f"{sat['relmon']['cpu_s_per_10k']:.2f} nginx {sat['nginx']['cpu_s_per_10k']:.2f} s",
+            file=sys.stderr,
+            flush=True,
+        )
+    return latency, saturation
+
+
+def _profiled(url: str, script: Path, pid: int, args: argparse.Namespace) -> dict[str, Any]:
+    raw = Path(str(args.profile) + ".raw")
+    spy = subprocess.Popen(
+        [
+            str(Path(sys.executable).parent / "py-spy"),
+            "record",
+            "-p",
+            str(pid),
+            "-r",
+            "250",
+            "-d",
+            str(int(args.seconds) + 1),
+            "-f",
+            "raw",
+            "-o",
+            str(raw),
+            "--nonblocking",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    res = _wrk_cpu(url, script, args.connections, args.seconds, [pid])
+    spy.wait(timeout=120)
+    summary = _profile_summary(raw)
+    args.profile.write_text(json.dumps(summary, indent=2) + "\n")
+    return res | {"profiled": True}
+
+
+def _summarize(latency: list[dict[str, Any]], saturation: list[dict[str, Any]]) -> dict[str, Any]:
+    med = benchlib.median
+    out: dict[str, Any] = {"latency": {}, "saturation": {}}
+    for t in TARGETS:
+        out["latency"][t] = {k: med([rep[t][k] for rep in latency]) for k in ("p50_ms", "p99_ms")}
+        out["latency"][t]["errors"] = sum(
+            rep[t]["non_2xx"] + rep[t]["socket_errors"] for rep in latency
+        )
+    for t in ("relmon", "nginx"):
+        out["latency"][f"{t}_added"] = {
+            k: med([rep[t][k] - rep["direct"][k] for rep in latency]) for k in ("p50_ms", "p99_ms")
+        }
+        out["saturation"][t] = {
+            k: med([s[t][k] for s in saturation])
+            for k in ("requests_per_s", "cpu_s_per_10k", "p99_ms")
+        }
+        out["saturation"][t]["errors"] = sum(
+            s[t]["non_2xx"] + s[t]["socket_errors"] for s in saturation
+        )
+    ra, na = out["latency"]["relmon_added"], out["latency"]["nginx_added"]
+    rs, ns = out["saturation"]["relmon"], out["saturation"]["nginx"]
+    out["ratios"] = {
+        "added_p50": ra["p50_ms"] / na["p50_ms"] if na["p50_ms"] > 0 else None,
+        "added_p99": ra["p99_ms"] / na["p99_ms"] if na["p99_ms"] > 0 else None,
+        "requests_per_s": rs["requests_per_s"] / ns["requests_per_s"],
+        "cpu_per_request": rs["cpu_s_per_10k"] / ns["cpu_s_per_10k"],
+    }
+    return out
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    start_machine = benchlib.machine()
+    with tempfile.TemporaryDirectory(prefix="relmon-proxy-sat-") as tmp_name:
+        tmp = Path(tmp_name)
+        script = benchlib.wrk_script(tmp / "post.lua", REQUEST, HEADERS)
+        nginx_port = benchlib.free_port()
+        if args.upstream == "nginx":
+            up_port = benchlib.free_port()
+            upstream = start_static_upstream(tmp / "upstream", up_port)
+        else:
+            cmd = [sys.executable, str(Path(__file__).with_name("proxy_latency_bench.py"))]
+            upstream, up_port = benchlib.spawn_with_port([*cmd, "--serve-upstream"], "upstream")
+        relmon = nginx = None
+        try:
+            if args.data_plane:
+                cmd = [sys.executable, str(Path(__file__).resolve()), "--serve-data-plane"]
+                cmd += [args.data_plane, f"http://127.0.0.1:{up_port}"]
+                relmon, port = benchlib.spawn_with_port(cmd, "data plane")
+                ports = {"traffic": port}
+            else:
+                relmon, ports = benchlib.start_relmon_service(
+                    tmp,
+                    f"http://127.0.0.1:{up_port}/v1",
+                    traffic_mode="proxy",
+                    upstream_url=f"http://127.0.0.1:{up_port}",
+                    traffic_extra=args.traffic_extra,
+                )
+            nginx = start_nginx(tmp / "nginx", nginx_port, up_port)
+            path = "/v1/chat/completions"
+            urls = {
+                "direct": f"http://127.0.0.1:{up_port}{path}",
+                "relmon": f"http://127.0.0.1:{ports['traffic']}{path}",
+                "nginx": f"http://127.0.0.1:{nginx_port}{path}",
+            }
+            pids = {"relmon": [relmon.pid], "nginx": _family(nginx.pid)}
+            latency, saturation = _measure(urls, pids, script, args)
+        finally:
+            for proc in (nginx, relmon):
+                if proc is not None:
+                    benchlib.stop(proc)
+            benchlib.stop(upstream)
+    report: dict[str, Any] = {
+        "benchmark": "proxy_saturation",
+        "load_generator": "wrk 1 thread, closed loop, its own process",
+        "request_bytes": len(REQUEST),
+        "seconds": args.seconds,
+        "repeats": args.repeats,
+        "latency_connections": args.latency_connections,
+        "connections": args.connections,
+        "traffic_extra": args.traffic_extra,
+        "data_plane": args.data_plane,
+        "upstream": args.upstream,
+        "machine": start_machine,
+        "repeat_results": {"latency": latency, "saturation": saturation},
+    }
+    report |= _summarize(latency, saturation)
+    if args.profile is not None:
+        report["profile"] = json.loads(args.profile.read_text())
+    report["label"] = args.label
+    report["before"] = []
+    for path in args.before:  # earlier runs shown beside this one (each with its own ratios)
+        doc = json.loads(path.read_text())
+        keep = ("label", "latency", "saturation", "ratios", "machine", "profile", "upstream")
+        report["before"].append({k: doc[k] for k in keep if k in doc})
+    return report
+
+
+async def _serve_data_plane(upstream_url: str) -> None:
+    """The proxy's data plane alone: relmon's TrafficServer, every event skipped."""
+    server = TrafficServer(
+        sink=lambda event, source: Admission("skipped"),
+        reject=lambda source, reason: None,
+        task_resolver=header_task_resolver(),
+        mode="proxy",
+        port=0,
+        upstream_url=upstream_url,
+        skip=lambda source, task, event_id: True,
+    )
+    await server.start()
+    print(f"PORT {server.bound_port}", flush=True)
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    await stop.wait()
+    await server.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=3.0, help="seconds per wrk run")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--connections", type=int, default=32, help="saturation load")
+    parser.add_argument("--latency-connections", type=int, default=8, help="moderate load")
+    parser.add_argument(
+        "--upstream", choices=["aiohttp", "nginx"], default="aiohttp", help="the upstream server"
+    )
+    parser.add_argument(
+        "--data-plane",
+        choices=["uvloop", "asyncio"],
+        help="measure the proxy's data plane alone (no service) on this event loop",
+    )
+    parser.add_argument("--serve-data-plane", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--traffic-extra", default="", help="more traffic keys, YAML flow")
+    parser.add_argument("--profile", type=Path, help="py-spy relmon; summary to this file")
+    parser.add_argument("--label", default="this run", help="this run's name in the report")
+    parser.add_argument(
+        "--before",
+        type=Path,
+        action="append",
+        default=[],
+        help="an earlier run's JSON to show beside this one (repeatable)",
+    )
+    parser.add_argument("--quick", action="store_true", help="1 s runs, 1 repeat (a smoke test)")
+    parser.add_argument("--json", type=Path, help="write the results as JSON to this file")
+    args = parser.parse_args()
+    if args.serve_data_plane:
+        loop, url = args.serve_data_plane
+        runner = asyncio.Runner(loop_factory=uvloop.new_event_loop if loop == "uvloop" else None)
+        with runner:
+            runner.run(_serve_data_plane(url))
+        return
+    if args.quick:
+        args.seconds, args.repeats = 1.0, 1
+    report = run(args)
+    if args.json:
+        benchlib.write_json(report, args.json)
+    lat, sat, x = report["latency"], report["saturation"], report["ratios"]
+    for t in ("relmon", "nginx"):
+        a, s = lat[f"{t}_added"], sat[t]
+        print(
+            f"{t:>6}: added p50 +{a['p50_ms']:.3f} ms p99 +{a['p99_ms']:.3f} ms | "
+            f"{s['requests_per_s']:,.0f} req/s | {s['cpu_s_per_10k']:.2f} CPU-s per 10k"
+        )
+    print(
+        "relmon/nginx: added p50 "
+        + (f"x{x['added_p50']:.2f}" if x["added_p50"] is not None else "n/a")
+        + ", added p99 "
+        + (f"x{x['added_p99']:.2f}" if x["added_p99"] is not None else "n/a")
+        + f", req/s x{x['requests_per_s']:.2f}, CPU per request x{x['cpu_per_request']:.2f}"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -5,8 +5,12 @@ with realistic traffic events (DESIGN §3 schema, ~500 bytes each), then drains 
 topic from the beginning with a fresh consumer group, alternately with
 
 - bare:   an ``AIOKafkaConsumer`` loop doing ``getmany`` + ``json.loads`` per record;
-- source: :class:`adapters.kafka.source.KafkaEventSource` with a sink that hash-samples
-  1% of events as "sampled" (with an already resolved ``done``) and skips the rest.
+- source: :class:`adapters.kafka.source.KafkaEventSource` hash-sampling 1% of events the
+  way ``relmon run`` does: a ``skip`` check (as ``MonitorService.skip_unsampled``) that
+  skips the other 99% before they are parsed, and a sink that takes the sampled ones
+  (with an already resolved ``done``);
+- full:   the same source without the ``skip`` check (every event parsed, then offered),
+  what the source did before it sampled ahead of parsing.
 
 Rates are measured from the first delivered record to the last (the group join is
 not counted) and reported as medians with the ratio source/bare (target: >= 0.70),
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import statistics
 import subprocess
@@ -148,7 +153,9 @@ async def bare(bootstrap: str, topic: str, group: str, n: int) -> tuple[float, f
     return seen / (last_t - first_t), (last_cpu - first_cpu) / seen * 1e6
 
 
-async def source(bootstrap: str, topic: str, group: str, n: int) -> tuple[float, float]:
+async def source(
+    bootstrap: str, topic: str, group: str, n: int, fast: bool = True
+) -> tuple[float, float]:
     loop = asyncio.get_running_loop()
     resolved: asyncio.Future[None] = loop.create_future()
     resolved.set_result(None)
@@ -159,13 +166,22 @@ async def source(bootstrap: str, topic: str, group: str, n: int) -> tuple[float,
     state["sampled"] = 0
     crc = zlib.crc32
 
-    def sink(ev: TrafficEvent, _source: str) -> Admission:
+    def tick() -> None:
         state["seen"] += 1
         if state["seen"] == 1:
             state["first_t"], state["first_cpu"] = time.perf_counter(), time.process_time()
         if state["seen"] >= n:
             state["last_t"], state["last_cpu"] = time.perf_counter(), time.process_time()
             finished.set()
+
+    def skip(_source: str, _task: str | None, _model: str, event_id: str) -> bool:
+        if crc(event_id.encode()) % 100 == 0:
+            return False  # sampled: parsed and offered to the sink
+        tick()
+        return True
+
+    def sink(ev: TrafficEvent, _source: str) -> Admission:
+        tick()
         if crc(ev.id.encode()) % 100 == 0:
             state["sampled"] += 1
             return sampled
@@ -174,7 +190,16 @@ async def source(bootstrap: str, topic: str, group: str, n: int) -> tuple[float,
     def reject(_source: str, reason: str) -> None:
         raise AssertionError(f"unexpected reject: {reason}")
 
-    src = KafkaEventSource(bootstrap, topic, group, topic + "-dlq", sink, reject, **GROUP_OPTIONS)
+    src = KafkaEventSource(
+        bootstrap,
+        topic,
+        group,
+        topic + "-dlq",
+        sink,
+        reject,
+        skip=skip if fast else None,
+        **GROUP_OPTIONS,
+    )
     await src.start()
     task = asyncio.create_task(src.run())
     try:
@@ -200,10 +225,10 @@ async def measure(
         f"in {time.perf_counter() - t0:.1f} s",
         flush=True,
     )
-    rates: dict[str, list[float]] = {"bare": [], "source": []}
-    cpu: dict[str, list[float]] = {"bare": [], "source": []}
-    runners = {"bare": bare, "source": source}
-    order = ["bare", "source"]
+    runners = {"bare": bare, "source": source, "full": functools.partial(source, fast=False)}
+    rates: dict[str, list[float]] = {name: [] for name in runners}
+    cpu: dict[str, list[float]] = {name: [] for name in runners}
+    order = list(runners)
     for r in range(repeats):
         for name in order if r % 2 == 0 else order[::-1]:
             rate, us = await runners[name](bootstrap, "bench-events", f"{name}-{r}", events)
@@ -218,8 +243,12 @@ async def measure(
     cb = statistics.median(cpu["bare"])
     cs = statistics.median(cpu["source"])
     print(f"median bare   {b:10,.0f} events/s  {cb:6.2f} CPU-us/event")
+    f = statistics.median(rates["full"])
+    cf = statistics.median(cpu["full"])
     print(f"median source {s:10,.0f} events/s  {cs:6.2f} CPU-us/event (1% sampled)")
+    print(f"median full   {f:10,.0f} events/s  {cf:6.2f} CPU-us/event (no skip check)")
     print(f"ratio source/bare: wall-clock rate {s / b:.2f}, per CPU second {cb / cs:.2f}")
+    print(f"ratio full/bare:   wall-clock rate {f / b:.2f}, per CPU second {cb / cf:.2f}")
     print("target: >= 0.70")
 
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import structlog
-from aiokafka.errors import KafkaError
+from aiokafka.errors import KafkaError, KafkaTimeoutError
 
 from monitor.core.errors import ConfigError, RelmonError
 
@@ -21,10 +21,14 @@ __all__ = [
     "METADATA_MAX_AGE_MS",
     "ConsumerLag",
     "KafkaUnavailableError",
+    "StoppingError",
     "close_clients",
     "dead_letter_headers",
     "has_live_connection",
+    "unless_stopping",
 ]
+
+T = TypeVar("T")
 
 log = structlog.get_logger("adapters.kafka.source")
 
@@ -69,25 +73,91 @@ def has_live_connection(client: Any) -> bool:
     return any(conn.connected() for conn in list(conns.values()))
 
 
-async def close_clients(clients: Sequence[Any], topic: str) -> None:
-    """Stop each started aiokafka client, also when the broker is gone."""
-    for client in clients:
-        if client is None:
-            continue
-        try:
-            await client.stop()
-        except KafkaError as exc:
-            log.warning("kafka.close_failed", error=type(exc).__name__)
-        except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():
-                raise
-            # aiokafka's fetcher re-raises the cancellation of its own retry sleep
-            # when the broker is gone; finish closing the connections by hand.
-            log.warning("kafka.close_interrupted", topic=topic)
+class StoppingError(RelmonError):
+    """A broker call given up because the client's ``stop()`` was called meanwhile."""
+
+
+async def unless_stopping(stopping: asyncio.Event, call: Awaitable[T]) -> T:
+    """Await a broker call, unless ``stopping`` is set first: then the call is cancelled
+    and :class:`StoppingError` raised. A broker that accepts connections but does not
+    answer (stalled, paused) keeps a metadata request or an acknowledgement waiting for
+    ``request_timeout_ms`` and more; ``stop()`` must not wait for it."""
+    task = asyncio.ensure_future(call)
+    if stopping.is_set():
+        task.cancel()
+        raise StoppingError("stopping")
+    waiter = asyncio.ensure_future(stopping.wait())
+    try:
+        await asyncio.wait((task, waiter), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+        finished = task.done()
+        if not finished:
+            task.cancel()
+            task.add_done_callback(_retrieve)
+    if not finished:
+        raise StoppingError("stopping")
+    return task.result()
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    """Take the outcome of a call given up, so that asyncio does not log it."""
+    if not task.cancelled():
+        task.exception()
+
+
+async def close_clients(clients: Sequence[Any], topic: str, timeout_s: float | None = None) -> None:
+    """Stop the started aiokafka clients (together), also when the broker is gone.
+
+    ``timeout_s`` bounds the whole, for a broker that accepts connections but does not
+    answer: at half of it, a producer still flushing has its unacknowledged records
+    failed (whoever waits for one sees an error) so that it can close at once; at the
+    end, a client still stopping is cancelled and its connections are closed.
+    """
+    tasks = [asyncio.ensure_future(_stop_client(c, topic)) for c in clients if c is not None]
+    if not tasks:
+        return
+    if timeout_s is None:
+        await asyncio.gather(*tasks)
+        return
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    _, pending = await asyncio.wait(tasks, timeout=timeout_s / 2)
+    if pending:
+        for client in clients:
+            accumulator = getattr(client, "_message_accumulator", None)
+            if accumulator is not None:  # a producer waiting for acknowledgements
+                accumulator.fail_all(KafkaTimeoutError("the producer was closed"))
+        _, pending = await asyncio.wait(tasks, timeout=max(0.0, deadline - loop.time()))
+    for task in tasks:
+        if task in pending:
+            task.cancel()
+            task.add_done_callback(_retrieve)
+        else:
+            task.result()
+    if pending:
+        log.warning("kafka.close_timeout", topic=topic)
+        for client in clients:  # the connections at least; each close() is immediate
             inner = getattr(client, "_client", None)
-            if inner is not None:
-                await inner.close()
+            for conn in list(getattr(inner, "_conns", {}).values()):
+                conn.close()
+
+
+async def _stop_client(client: Any, topic: str) -> None:
+    try:
+        await client.stop()
+    except KafkaError as exc:
+        log.warning("kafka.close_failed", error=type(exc).__name__)
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise
+        # aiokafka's fetcher re-raises the cancellation of its own retry sleep
+        # when the broker is gone; finish closing the connections by hand.
+        log.warning("kafka.close_interrupted", topic=topic)
+        inner = getattr(client, "_client", None)
+        if inner is not None:
+            await inner.close()
 
 
 class KafkaUnavailableError(RelmonError):

@@ -22,9 +22,11 @@ from adapters.kafka.connection import (
     METADATA_MAX_AGE_MS,
     ConsumerLag,
     KafkaUnavailableError,
+    StoppingError,
     close_clients,
     dead_letter_headers,
     has_live_connection,
+    unless_stopping,
 )
 from monitor.core.errors import ConfigError, StateError
 
@@ -186,15 +188,18 @@ class KafkaConsumerBase(ABC):
                 if self._failure is not None:
                     raise self._failure
                 await self._before_poll()
-                batch = await consumer.getmany(timeout_ms=poll_ms)
+                # Given up at stop(): during a rebalance getmany waits for the assignment.
+                batch = await unless_stopping(self._stopping, consumer.getmany(timeout_ms=poll_ms))
                 for tp, records in batch.items():
                     if records:
                         await self._process(tp, records)
                 if loop.time() >= next_commit:
-                    await self._commit()
+                    await unless_stopping(self._stopping, self._commit())
                     next_commit = loop.time() + interval
             if self._failure is not None:
                 raise self._failure
+        except StoppingError:
+            pass  # stop() was called during a broker call, which is given up
         except KafkaError as exc:
             raise KafkaUnavailableError(
                 f"consuming {self._topic} failed: {type(exc).__name__}: {exc}"
@@ -203,12 +208,16 @@ class KafkaConsumerBase(ABC):
             # Only stop() ends run() quietly: any other way out leaves it down.
             self._down = not self._stopping.is_set()
             lag_task.cancel()
-            await asyncio.wait({lag_task})
+            await asyncio.wait({lag_task}, timeout=1.0)
             self._run_task = None
             self._run_exited.set()
 
     async def stop(self, timeout_s: float = 10.0) -> None:
-        """Stop consuming, wait up to ``timeout_s`` for unfinished work, commit, close."""
+        """Stop consuming, wait for unfinished work, commit, close: within about
+        ``timeout_s``. :meth:`run` gives up the broker call it is in (and is cancelled if
+        it still runs at half the timeout); the final commit and the closing of the
+        clients keep a slice of the timeout each (an eighth and a quarter, at most 1 and
+        2 s), the wait for unfinished work has the rest."""
         if self._closed:
             return
         self._closed = True
@@ -216,21 +225,26 @@ class KafkaConsumerBase(ABC):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         task = self._run_task
+        closing_s = min(2.0, timeout_s / 4)  # kept for closing the clients
+        commit_s = min(1.0, timeout_s / 8)  # kept for the final commit
         if task is not None and task is not asyncio.current_task():
             try:
-                await asyncio.wait_for(self._run_exited.wait(), max(0.0, deadline - loop.time()))
+                await asyncio.wait_for(self._run_exited.wait(), timeout_s / 2)
             except TimeoutError:
                 task.cancel()
-                await asyncio.wait({task}, timeout=1.0)
+                await asyncio.wait({task}, timeout=min(1.0, timeout_s / 8))
         futures = [f for st in self._parts.values() for f in st.unfinished()]
         if futures and self._failure is None:
-            await asyncio.wait(futures, timeout=max(0.0, deadline - loop.time()))
+            left = deadline - closing_s - commit_s - loop.time()
+            await asyncio.wait(futures, timeout=max(0.0, left))
         if self._consumer is not None:
             try:
-                await asyncio.wait_for(self._commit(), max(0.1, deadline - loop.time()))
+                await asyncio.wait_for(self._commit(), max(0.0, deadline - closing_s - loop.time()))
             except TimeoutError:
                 log.warning("kafka.final_commit_timeout", topic=self._topic)
-        await self._close_clients()
+        await close_clients(
+            (self._consumer, self._producer), self._topic, max(0.0, deadline - loop.time())
+        )
         self._parts.clear()
         self.lag.export({})
         log.info("kafka.stopped", topic=self._topic, group=self._group_id)
@@ -357,7 +371,12 @@ class KafkaConsumerBase(ABC):
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         st.pending.append((record.offset, done))
         try:
-            sent = await self._producer.send(self._dlq_topic, value=value, key=key, headers=headers)
+            sent = await unless_stopping(
+                self._stopping,
+                self._producer.send(self._dlq_topic, value=value, key=key, headers=headers),
+            )
+        except StoppingError:
+            raise  # not sent: ``done`` stays unresolved, no commit passes this record
         except Exception as exc:  # KafkaError, or anything the client raises: not sent
             self._fail(f"dead-letter send to {self._dlq_topic} failed: {type(exc).__name__}")
             return

@@ -3,6 +3,11 @@
 :class:`KafkaEventSource` reads events in ``getmany`` batches, validates each with
 :func:`parse_event_bytes` (``monitor.core.events.parse_event`` with msgspec's faster JSON
 decoder in front, same results) and offers it to the service (``sink(event, "kafka")``).
+Given ``skip`` (``MonitorService.skip_unsampled``), it first reads only the id, task
+and model of each record (:mod:`adapters.kafka.fastpath`, which answers only for a
+valid event) and asks whether the event is sampled: an unsampled one is counted
+``skipped`` and never parsed; every other record goes the full way above, so a
+malformed event is rejected and dead-lettered whether it would be sampled or not.
 A malformed record (over ``max_event_bytes``, not JSON, not UTF-8, not an event) is
 produced to a dead-letter topic with its original value and key and the headers
 ``relmon-error`` (the reason, never payload text), ``relmon-stream`` (``traffic``),
@@ -50,6 +55,7 @@ import structlog
 
 from adapters.kafka.connection import KafkaUnavailableError
 from adapters.kafka.consumer import KafkaConsumerBase, PartitionProgress
+from adapters.kafka.fastpath import event_head
 from monitor.core.errors import InputError
 from monitor.core.events import MAX_EVENT_BYTES, TrafficEvent, parse_event
 from monitor.core.failures import internal_error, raised_at
@@ -65,9 +71,19 @@ else:
     _fast_decode = msgspec.json.Decoder().decode
     _FastDecodeError = msgspec.DecodeError
 
-__all__ = ["KafkaEventSource", "KafkaUnavailableError", "admit_record", "parse_event_bytes"]
+__all__ = [
+    "KafkaEventSource",
+    "KafkaUnavailableError",
+    "SkipCheck",
+    "admit_record",
+    "parse_event_bytes",
+]
 
 log = structlog.get_logger(__name__)
+
+SkipCheck = Callable[[str, str | None, str, str], bool]
+"""``skip(source, task, model, event_id)``: True (and counted ``skipped``) when the
+event with these fields is not sampled (``MonitorService.skip_unsampled``)."""
 
 
 def parse_event_bytes(value: bytes | None, max_bytes: int = MAX_EVENT_BYTES) -> TrafficEvent:
@@ -121,6 +137,20 @@ def admit_record(record: Any, sink: EventSink, source: str, max_bytes: int) -> A
         return reason
 
 
+def skipped_at_once(record: Any, skip: SkipCheck, source: str, max_bytes: int) -> bool:
+    """The fast path (:mod:`adapters.kafka.fastpath`): True when the record holds a valid
+    event that ``skip`` does not sample (counted ``skipped`` by it), without parsing the
+    whole event; False sends the record the full way (:func:`admit_record`), which
+    decides: a malformed event is rejected there, sampled or not. Never raises for one
+    record: a failure here (a bug) is logged and the full way decides."""
+    try:
+        head = event_head(record.value, max_bytes)
+        return head is not None and skip(source, head[1], head[2], head[0])
+    except Exception as exc:
+        log.error("kafka.fast_path_failed", offset=record.offset, error=internal_error(exc))
+        return False
+
+
 class KafkaEventSource(KafkaConsumerBase):
     """Traffic events from a Kafka topic, offered to the service (docs/kafka.md)."""
 
@@ -139,6 +169,7 @@ class KafkaEventSource(KafkaConsumerBase):
         producer_options: Mapping[str, Any] | None = None,
         lag_gauge: Any = None,
         lag_interval_s: float = 5.0,
+        skip: SkipCheck | None = None,
         **consumer_options: Any,
     ) -> None:
         super().__init__(
@@ -156,6 +187,7 @@ class KafkaEventSource(KafkaConsumerBase):
         )
         self.source_name = source_name
         self._sink = sink
+        self._skip = skip
         self._max_event_bytes = max_event_bytes
         self._held: dict[Any, deque[Any]] = {}
         """Records of paused partitions not offered yet (the service was busy), in order."""
@@ -174,10 +206,13 @@ class KafkaEventSource(KafkaConsumerBase):
         """Offer ``records`` in order; at the first ``busy`` one, hold it and the rest and
         pause the partition (its offset stays uncommitted until they are offered)."""
         sink = self._sink
+        skip = self._skip
         name = self.source_name
         max_bytes = self._max_event_bytes
         pending = st.pending
         for i, record in enumerate(records):
+            if skip is not None and skipped_at_once(record, skip, name, max_bytes):
+                continue
             admission = admit_record(record, sink, name, max_bytes)
             if isinstance(admission, str):  # rejected: the reason
                 await self._dead_letter(st, record, admission)

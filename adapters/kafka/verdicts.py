@@ -10,6 +10,7 @@ verdicts and dead letters are in :mod:`adapters.kafka.review`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -24,9 +25,11 @@ from adapters.kafka.connection import (
     METADATA_MAX_AGE_MS,
     ConsumerLag,
     KafkaUnavailableError,
+    StoppingError,
     close_clients,
     dead_letter_headers,
     has_live_connection,
+    unless_stopping,
 )
 from adapters.kafka.review import (
     TOO_DEEP,
@@ -123,6 +126,7 @@ class KafkaVerdictConsumer:
         self._stopping = asyncio.Event()
         self._run_exited = asyncio.Event()
         self._run_exited.set()
+        self._run_task: asyncio.Task[Any] | None = None
         self._failure: KafkaUnavailableError | None = None
         self._down = False
         """:meth:`run` ended while not stopped: not connected until :meth:`restart`."""
@@ -205,9 +209,10 @@ class KafkaVerdictConsumer:
         if consumer is None:
             raise StateError("KafkaVerdictConsumer is not started")
         loop = asyncio.get_running_loop()
+        self._run_task = asyncio.current_task()
         self._run_exited.clear()
         order = {t: i for i, t in enumerate(self._store.topics)}
-        next_refresh = loop.time() + _REFRESH_S
+        next_refresh = loop.time() + self._refresh_interval_s()
         lag_task = asyncio.create_task(self.lag.loop(consumer, self._store.verdict_topic))
         try:
             unreadable, self._store.unreadable = self._store.unreadable, []
@@ -220,9 +225,8 @@ class KafkaVerdictConsumer:
                     raise self._failure
                 if loop.time() >= next_refresh:
                     await self._assign()
-                    missing = len({tp.topic for tp in self._assigned}) < len(order)
-                    next_refresh = loop.time() + (_REFRESH_MISSING_S if missing else _REFRESH_S)
-                batch = await consumer.getmany(timeout_ms=_POLL_MS)
+                    next_refresh = loop.time() + self._refresh_interval_s()
+                batch = await self._poll(consumer)
                 for tp in sorted(batch, key=lambda tp: (order.get(tp.topic, 9), tp.partition)):
                     for record in batch[tp]:
                         self._next[tp] = record.offset + 1
@@ -230,6 +234,8 @@ class KafkaVerdictConsumer:
                 await self._expire(loop.time())
             if self._failure is not None:
                 raise self._failure
+        except StoppingError:
+            pass  # stop() was called during a broker call, which is given up
         except KafkaError as exc:
             raise KafkaUnavailableError(
                 f"following {', '.join(self._store.topics)} failed: {type(exc).__name__}"
@@ -238,20 +244,35 @@ class KafkaVerdictConsumer:
             # Only stop() ends run() quietly: any other way out leaves it down.
             self._down = not self._stopping.is_set()
             lag_task.cancel()
-            await asyncio.wait({lag_task})
+            await asyncio.wait({lag_task}, timeout=1.0)
+            self._run_task = None
             self._run_exited.set()
 
     async def stop(self, timeout_s: float = 10.0) -> None:
-        """Stop following (verdicts still waiting are replayed at the next start)."""
+        """Stop following (verdicts still waiting are replayed at the next start).
+
+        Returns within about ``timeout_s``: :meth:`run` gives up the broker call it is in
+        (``unless_stopping``) and ends; should it still run at the deadline's half (in a
+        handler), it is cancelled; the clients are closed in the time left."""
         if self._closed:
             return
         self._closed = True
         self._stopping.set()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
         try:
-            await asyncio.wait_for(self._run_exited.wait(), timeout_s)
+            await asyncio.wait_for(self._run_exited.wait(), timeout_s / 2)
         except TimeoutError:
             log.warning("kafka.stop_timeout", topic=self._store.verdict_topic)
-        await self._close_clients()
+            task = self._run_task
+            if task is not None and task is not asyncio.current_task():
+                task.cancel()
+                await asyncio.wait({task}, timeout=max(0.0, deadline - loop.time()) / 2)
+        await close_clients(
+            (self._consumer, self._producer),
+            self._store.verdict_topic,
+            max(0.0, deadline - loop.time()),
+        )
         self.lag.export({})
         if self._waiting or self._undelivered:  # both replayed at the next start
             log.info(
@@ -281,10 +302,30 @@ class KafkaVerdictConsumer:
             return False
         return has_live_connection(self._consumer)
 
+    def _refresh_interval_s(self) -> float:
+        """Until the next metadata refresh: short while a topic is not there yet."""
+        if len({tp.topic for tp in self._assigned}) < len(self._store.topics):
+            return _REFRESH_MISSING_S
+        return _REFRESH_S
+
+    async def _poll(self, consumer: Any) -> dict[TopicPartition, list[Any]]:
+        """One fetch, given up when :meth:`stop` is called. None while no partition is
+        assigned (no topic exists yet): aiokafka's ``getmany`` would wait without end for
+        an assignment, which only this loop makes."""
+        if not self._assigned:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), _POLL_MS / 1000)
+            return {}
+        batch: dict[TopicPartition, list[Any]] = await unless_stopping(
+            self._stopping, consumer.getmany(timeout_ms=_POLL_MS)
+        )
+        return batch
+
     async def _assign(self) -> None:
         """Assign every partition of the topics (new topics and partitions included)."""
         consumer = self._consumer
-        await consumer.topics()  # refresh metadata without creating topics
+        # Refresh metadata without creating topics (given up when stop() is called).
+        await unless_stopping(self._stopping, consumer.topics())
         tps = frozenset(
             TopicPartition(topic, p)
             for topic in self._store.topics
@@ -303,6 +344,8 @@ class KafkaVerdictConsumer:
         (a bug) is logged; a verdict is then dead-lettered and counted ``invalid``."""
         try:
             await self._dispatch(record)
+        except StoppingError:
+            raise
         except Exception as exc:
             reason = internal_error(exc)
             log.error(
@@ -402,9 +445,13 @@ class KafkaVerdictConsumer:
         if key is None and value is None:
             key = b""  # a tombstone: Kafka needs a key or a value
         try:
-            await self._producer.send_and_wait(
+            sending = self._producer.send_and_wait(
                 self._dlq_topic, value=value, key=key, headers=headers
             )
+            await unless_stopping(self._stopping, sending)
+        except StoppingError:
+            self._undelivered.append((record, reason, kind))  # written at the next start
+            raise
         except Exception as exc:  # KafkaError, or anything the client raises: not sent
             message = f"dead-letter send to {self._dlq_topic} failed: {type(exc).__name__}"
             log.error("kafka.failed", topic=self._store.verdict_topic, error=message)

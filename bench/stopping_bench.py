@@ -1,15 +1,25 @@
-"""Model calls per item: relmon's default stopping rule against fixed K_max, the paper's
-rule and the sequential rule of the public TrustGate library, with the wrong-mode rate
-beside each, on the same random draws.
+"""Model calls per item: relmon's default stopping rule against its previous default, fixed
+K_max, the paper's rule, the sequential rule of the public TrustGate library, Early-Stopping
+Self-Consistency and Adaptive-Consistency, with the wrong-mode rate beside each, on the
+same random draws.
 
-Rules (k0 = 3, K_max = 20, delta = 0.05 for all):
+Rules (K_max = 20 for all; k0 = 3 and delta = 0.05 for relmon's):
 
-- ``default``: the service's default, ``runner-up`` with the futility stop;
+- ``default``: the service's default, ``truncated`` with the futility stop;
+- ``previous``: the previous default, ``runner-up`` with the futility stop;
 - ``fixed``: always K_max (the baseline every ratio is against);
 - ``paper``: ``hoeffding``, the paper's section 9 rule as printed;
 - ``trustgate``: ``theaios.trustgate.sequential.should_stop`` (PyPI ``theaios-trustgate``)
   applied to canonical classes, as its ``SequentialSampler`` drives it: 3 samples, then
-  one at a time until ``should_stop`` holds or K_max is reached.
+  one at a time until ``should_stop`` holds or K_max is reached;
+- ``esc``: Early-Stopping Self-Consistency (Li et al., ICLR 2024) with window 5: sample
+  5 at a time, stop as soon as the 5 answers of a window all agree, at most K_max;
+- ``adaptive``: Adaptive-Consistency (Aggarwal et al., EMNLP 2023) with its default Beta
+  criterion at threshold 0.95: after every sample, stop once P(p1 > p2) >= 0.95 under the
+  Beta(n1 + 1, n2 + 1) posterior of the top two counts, at most K_max.
+
+ESC and Adaptive-Consistency claim no error level; their early stops count as
+certifications for the wrong-mode rate (a stop on a leader that is not the true mode).
 
 Data sets, each item an answer distribution over canonical classes with a known true
 mode (items drawn with replacement in the batches each rule asks for):
@@ -24,7 +34,8 @@ mode (items drawn with replacement in the batches each rule asks for):
 
 Reported per rule: calls per item and its ratio to fixed K_max, certified share,
 wrong-mode rate (certified with a leader that is not the true mode, over all items; an
-exact tie has no true mode, so any certification there is wrong), the share of items
+exact tie has no true mode, so any certification there is wrong) and its largest value
+on a single item (what delta bounds, item by item), the share of items
 whose top answer is not the true mode (any rule, certified or not) and top-answer
 accuracy. Deterministic for a given seed.
 
@@ -45,6 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import benchlib
+from scipy import special
 
 from monitor.app.simulate.real_stopping import RealItem, load_answer_file, replay_top
 from monitor.app.simulate.sequential import GRID, describe_distribution
@@ -110,13 +122,90 @@ class TrustGateRule:
         return Decision(stop=False, certified=False, more=1)
 
 
+class _PeerRule:
+    """A published rule driven through relmon's interface (``decide`` on class counts)."""
+
+    name = "peer"
+
+    def __init__(self, *, k_max: int) -> None:
+        self._k_max = k_max
+
+    @property
+    def k0(self) -> int:
+        return 1
+
+    @property
+    def k_max(self) -> int:
+        return self._k_max
+
+    @property
+    def delta(self) -> float:
+        return float("nan")  # no error level is claimed
+
+    def certified(self, counts: Iterable[int]) -> bool:
+        return False
+
+
+class EarlyStoppingSCRule(_PeerRule):
+    """ESC: windows of ``window`` samples; stop when one window's answers all agree.
+
+    ``decide`` sees cumulative counts, so the rule keeps the counts at the last window's
+    start (reset when an item starts with no counts).
+    """
+
+    name = "esc"
+
+    def __init__(self, *, k_max: int, window: int = 5) -> None:
+        super().__init__(k_max=k_max)
+        self._window = window
+        self._start: list[int] = []
+
+    def decide(self, counts: Iterable[int]) -> Decision:
+        c = [int(x) for x in counts]
+        k = sum(c)
+        start = self._start if k and len(self._start) == len(c) else [0] * len(c)
+        self._start = c
+        window = [a - b for a, b in zip(c, start, strict=True)]
+        if window and max(window) == sum(window) == self._window:
+            return Decision(stop=True, certified=True, more=0)
+        if k >= self._k_max:
+            return Decision(stop=True, certified=False, more=0)
+        return Decision(stop=False, certified=False, more=min(self._window, self._k_max - k))
+
+
+class AdaptiveConsistencyRule(_PeerRule):
+    """Adaptive-Consistency's Beta criterion: P(p1 > p2 | n1, n2) >= ``threshold``, where
+    the probability is the mass above 1/2 of Beta(n1 + 1, n2 + 1), checked after every
+    sample."""
+
+    name = "adaptive"
+
+    def __init__(self, *, k_max: int, threshold: float = 0.95) -> None:
+        super().__init__(k_max=k_max)
+        self._threshold = threshold
+
+    def decide(self, counts: Iterable[int]) -> Decision:
+        c = sorted((int(x) for x in counts if x > 0), reverse=True)
+        k = sum(c)
+        if c:
+            n1, n2 = c[0], c[1] if len(c) > 1 else 0
+            if float(special.betainc(n2 + 1, n1 + 1, 0.5)) >= self._threshold:
+                return Decision(stop=True, certified=True, more=0)
+        if k >= self._k_max:
+            return Decision(stop=True, certified=False, more=0)
+        return Decision(stop=False, certified=False, more=1)
+
+
 def rules() -> dict[str, StoppingRule]:
     common = {"k0": K0, "k_max": K_MAX, "delta": DELTA}
     return {
         "default": get_stopping_rule(DEFAULT_RULE, futility=DEFAULT_FUTILITY, **common),
+        "previous": get_stopping_rule("runner-up", futility=True, **common),
         "fixed": get_stopping_rule("fixed", **common),
         "paper": get_stopping_rule("hoeffding", **common),
         "trustgate": TrustGateRule(k_max=K_MAX, delta=DELTA),
+        "esc": EarlyStoppingSCRule(k_max=K_MAX, window=5),
+        "adaptive": AdaptiveConsistencyRule(k_max=K_MAX, threshold=0.95),
     }
 
 
@@ -158,8 +247,10 @@ def measure(items: Sequence[RealItem], reps: int, seed: int) -> dict[str, dict[s
     out: dict[str, dict[str, float]] = {}
     for name, rule in rules().items():
         calls = certified = wrong = top_off = right = 0
+        worst = 0.0
         for i, item in enumerate(items):
             mode = item.true_mode
+            wrong_before = wrong
             for r in range(reps):
                 used, cert, top = replay_top(rule, item, np.random.default_rng([seed, i, r]))
                 calls += used
@@ -167,6 +258,7 @@ def measure(items: Sequence[RealItem], reps: int, seed: int) -> dict[str, dict[s
                 wrong += cert and (mode is None or top != mode)
                 top_off += mode is None or top != mode
                 right += top in item.acceptable
+            worst = max(worst, (wrong - wrong_before) / reps)
         n = len(items) * reps
         out[name] = {
             "calls_per_item": calls / n,
@@ -174,6 +266,7 @@ def measure(items: Sequence[RealItem], reps: int, seed: int) -> dict[str, dict[s
             "certified": certified / n,
             "wrong_mode": wrong / n,
             "wrong_among_certified": wrong / certified if certified else 0.0,
+            "worst_item_wrong_mode": worst,
             "top_not_mode": top_off / n,
             "top_accuracy": right / n,
         }

@@ -611,7 +611,9 @@ def test_fewest_samples_matches_the_mixture_e_value_by_hand() -> None:
                 None, tasks=[{"name": "t", "delta": delta, "k0": 1, "stopping_rule": rule}]
             ).tasks[0]
             assert fewest_samples(task) == expected
-    assert fewest_samples(load_settings(None, tasks=[{"name": "t"}]).tasks[0]) == 8
+    # The default truncated rule: 6 unanimous answers at K_max = 20, delta = 0.05 (the
+    # chance of 6 equal answers at a 50/50 tie, 2 * 2^-6, fits in delta; 2 * 2^-5 does not).
+    assert fewest_samples(load_settings(None, tasks=[{"name": "t"}]).tasks[0]) == 6
     fixed = load_settings(None, tasks=[{"name": "t", "stopping_rule": "fixed", "k_max": 12}])
     assert fewest_samples(fixed.tasks[0]) == 12
 
@@ -619,8 +621,8 @@ def test_fewest_samples_matches_the_mixture_e_value_by_hand() -> None:
 @pytest.mark.parametrize(
     ("events", "rate", "budget", "verdict"),
     [
-        (3.0, 1.0, 600, "cannot fit"),  # 3 items/s x >= 8 samples = 1,440/min > 600
-        (3.0, 1.0, 2_000, "may not fit"),  # 1,440..3,600/min around 2,000
+        (3.0, 1.0, 600, "cannot fit"),  # 3 items/s x >= 6 samples = 1,080/min > 600
+        (3.0, 1.0, 2_000, "may not fit"),  # 1,080..3,600/min around 2,000
         (3.0, 1.0, 3_600, None),  # even k_max = 20 for every item fits
         (3.0, 0.01, 600, None),
         (None, 1.0, 600, None),  # no traffic assumption, nothing to check
@@ -640,9 +642,10 @@ def test_budget_warning_from_expected_traffic(
         return
     assert len(warnings) == 1 and verdict in warnings[0], warnings
     items_per_min = events * rate * 60  # type: ignore[operator]
-    assert f"{items_per_min * 8:,.0f}..{items_per_min * 20:,.0f} calls/min" in warnings[0]
+    fewest = 6  # the default truncated rule: unanimous answers stop at 6
+    assert f"{items_per_min * fewest:,.0f}..{items_per_min * 20:,.0f} calls/min" in warnings[0]
     if verdict == "cannot fit":
-        assert f"{1 - budget / (items_per_min * 8):.0%} of the sampled events" in warnings[0]
+        assert f"{1 - budget / (items_per_min * fewest):.0%} of the sampled events" in warnings[0]
     else:
         assert f"at most {budget / items_per_min:.1f} samples" in warnings[0]
 

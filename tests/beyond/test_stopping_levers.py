@@ -139,6 +139,7 @@ def test_cli_real_and_alarm(capsys: pytest.CaptureFixture[str]) -> None:
     rows = {(r["rule"], r["futility"]): r for r in doc["rows"]}
     assert rows[("fixed", False)]["calls_per_item"] == 20
     assert rows[("runner-up", True)]["savings"] > 0.3
+    assert rows[("truncated", True)]["savings"] > 0.4
     assert main(["simulate", "alarm", "--streams", "20", "--horizon", "300", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert {r["rule"] for r in doc["false_alarms"]} == {

@@ -37,14 +37,14 @@ def test_stopping_json_contract(capsys: pytest.CaptureFixture[str]) -> None:
     data = run_json(stopping("--dist", "0.7,0.2,0.1", "--trials", "500"), capsys)
     for key in ("mean_samples", "wrong_mode_rate", "stopped_rate", "rule", "k_max", "delta"):
         assert key in data
-    assert data["rule"] == "runner-up" and data["k_max"] == 20 and data["k0"] == 3
+    assert data["rule"] == "truncated" and data["k_max"] == 20 and data["k0"] == 3
     assert data["trials"] == 500
     assert data["savings"] == pytest.approx(1 - data["mean_samples"] / 20)
 
 
 def test_unanimous_stops_early_without_errors(capsys: pytest.CaptureFixture[str]) -> None:
     data = run_json(stopping("--dist", "1.0", "--trials", "500"), capsys)
-    assert data["mean_samples"] == 8  # runner-up: (2^(n+1) - 1)/(n + 1) >= 2/delta first at n = 8
+    assert data["mean_samples"] == 6  # truncated: 2 * 2^-6 <= delta < 2 * 2^-5
     assert data["wrong_mode_rate"] == 0
 
 
@@ -71,11 +71,12 @@ def test_compare_adds_hoeffding(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_grid_keeps_wrong_modes_below_delta(capsys: pytest.CaptureFixture[str]) -> None:
     data = run_json(["simulate", "stopping", "--grid", "--trials", "2000"], capsys)
-    assert data["rules"] == ["runner-up", "hoeffding"]
+    assert data["rules"] == ["truncated", "runner-up", "hoeffding"]
     assert len(data["rows"]) == 17
     assert data["any_over_delta"] is False
     unanimous = data["rows"][0]["results"]
-    assert unanimous["runner-up"]["mean_samples"] <= 8
+    assert unanimous["truncated"]["mean_samples"] == 6
+    assert unanimous["runner-up"]["mean_samples"] == 8
     assert unanimous["hoeffding"]["mean_samples"] == 20
 
 

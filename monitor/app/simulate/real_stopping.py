@@ -55,8 +55,11 @@ SETTINGS: tuple[tuple[str, bool], ...] = (
     ("mixture", True),
     ("runner-up", False),
     ("runner-up", True),
+    ("truncated", False),
+    ("truncated", True),
 )
-"""(rule, futility) settings compared."""
+"""(rule, futility) settings compared: ``runner-up`` with futility was the default before
+``truncated`` with futility."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -58,6 +58,27 @@ def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
     return {"description": description, "content": {_JSON: {"schema": schema}}}
 
 
+_CONFLICT = {
+    "description": "The item already has another verdict (the first stored one counts, "
+    "from the page or the API alike): that verdict, and whether it is still held in the "
+    "page's undo window.",
+    "content": {
+        "application/json": {
+            "schema": {
+                "type": "object",
+                "required": ["error", "verdict", "held"],
+                "properties": {
+                    "error": {"type": "string"},
+                    "verdict": {"type": "object"},
+                    "held": {"type": "boolean"},
+                    "score": {"oneOf": [{"type": "number"}, {"type": "string"}]},
+                },
+            }
+        }
+    },
+}
+
+
 def _errors(*codes: int) -> dict[str, Any]:
     text = {
         400: "Invalid input (a one-line message).",
@@ -221,6 +242,11 @@ def _review_api_paths() -> dict[str, Any]:
                 "responses": {
                     "200": _json(_ref("ReviewItem"), "The item."),
                     "204": {"description": "Nothing is waiting."},
+                    "429": _json(
+                        _ref("Error"),
+                        "The reviewer holds review.max_leases_per_reviewer leases already "
+                        "(Retry-After: the lease time).",
+                    ),
                     **_errors(400, 401),
                 },
             }
@@ -233,11 +259,13 @@ def _review_api_paths() -> dict[str, Any]:
                 "responses": {"200": _json(_ref("ReviewItem"), "The item."), **_errors(401, 404)},
             },
             "post": {
-                "summary": "A verdict. Posting the same item twice answers duplicate.",
+                "summary": "A verdict. The first stored verdict of an item counts: the same "
+                "judgement again answers duplicate, another one 409.",
                 "security": _BEARER,
                 "requestBody": {"required": True, "content": {_JSON: {"schema": _ref("Verdict")}}},
                 "responses": {
                     "200": _json(_ref("VerdictResult"), "Applied, or a duplicate."),
+                    "409": _CONFLICT,
                     **_errors(400, 401, 404, 413),
                 },
             },
@@ -254,8 +282,9 @@ def _review_page_paths() -> dict[str, Any]:
                 "security": _BEARER,
                 "requestBody": {"required": True, "content": {_JSON: {"schema": _ref("Verdict")}}},
                 "responses": {
-                    "200": _json({"type": "object"}, "The item already has a verdict."),
+                    "200": _json({"type": "object"}, "The item already has this verdict."),
                     "202": _json({"type": "object"}, "Held for the undo window."),
+                    "409": _CONFLICT,
                     **_errors(400, 401, 404, 413),
                 },
             },

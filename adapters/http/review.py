@@ -14,8 +14,12 @@ verdict in place of the self-typed ``reviewer``::
     POST /api/reviews/{id}           a verdict: {"accepted_ranks": [1]} or
                                      {"none_of_these": true, "correct_answer": "42"},
                                      optional "reviewer" -> 200 {"status", "score"} for
-                                     "applied" and "duplicate" (posting twice is not an
-                                     error), 404 unknown item, 400 invalid (one-line
+                                     "applied" and "duplicate" (posting the same judgement
+                                     twice is not an error), 409 {"error", "verdict",
+                                     "held"} when the item already has a verdict that
+                                     judges otherwise (the first stored one counts, from
+                                     the page or the API alike; "held": still in the
+                                     page's undo window), 404 unknown item, 400 invalid (one-line
                                      message), 413 over 64 KiB or a field over its
                                      limit (monitor.core.review, docs/review.md)
 
@@ -40,7 +44,7 @@ from aiohttp import web
 from adapters.http import expect as http_expect
 from adapters.http.openapi import openapi_document
 from adapters.http.review_auth import ReviewAuth, remember_reviewer, reviewer_of, with_reviewer
-from adapters.http.review_page import ReviewPage, verdict_error
+from adapters.http.review_page import ReviewPage, answer_duplicate, verdict_error
 from monitor.core.errors import ConfigError, InputError, RelmonError, StateError
 from monitor.core.review import (
     MAX_VERDICT_BYTES,
@@ -65,6 +69,8 @@ class ReviewStoreReader(Protocol):
     async def get_review_item(self, item_id: str) -> ReviewItem | None: ...
 
     async def get_verdict(self, item_id: str) -> Verdict | None: ...
+
+    async def held_verdict(self, item_id: str) -> tuple[Verdict, float] | None: ...
 
 
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
@@ -231,7 +237,10 @@ class ReviewServer:
         verdict = with_reviewer(request, verdict)
         outcome: VerdictOutcome = await self._handler(verdict)
         _log.info("review_verdict", item_id=item_id, status=outcome.status)
-        if outcome.status in ("applied", "duplicate"):
+        if outcome.status == "duplicate":  # 409 if the verdict that counts differs
+            repeated = {"status": "duplicate", "score": _score_json(outcome.score)}
+            return await answer_duplicate(self._store, verdict, repeated)
+        if outcome.status == "applied":
             return web.json_response(
                 {"status": outcome.status, "score": _score_json(outcome.score)}
             )

@@ -6,13 +6,18 @@ by :class:`adapters.http.review.ReviewServer`; the page and its two static files
     GET    /review, /review/review.js, /review/review.css   the page (package data);
            /review/ redirects to ../review
     GET    /api/reviews/next?session=S&exclude=ID...        :meth:`ReviewPage.next_item`:
-           the oldest waiting item nobody else holds, leased to session S
+           the oldest waiting item nobody else holds, leased to session S; 429 when
+           the reviewer already holds ``max_leases`` leases (all sessions on the
+           shared token count as one reviewer)
     POST   /api/review-page/verdicts/{id}?session=S        hold a verdict for the undo
            window: 202 {"status": "held", "undo_s"}; 200 {"status": "duplicate"} if the
-           item already has a verdict; 400 invalid; 404 unknown item
+           item already has a verdict that judges alike, 409 {"error", "verdict",
+           "held"} with the one that counts if it judges otherwise; 400 invalid; 404
+           unknown item
     DELETE /api/review-page/verdicts/{id}?session=S        undo a verdict S held: 200
            {"status": "undone", "item": {...}} (leased back to S); 403 if another
-           session gave it (it stands); 409 once applied
+           session gave it (it stands); 409 once applied or once the item's verdict
+           counts otherwise (the same judgement stored through the API meanwhile)
     POST   /api/review-page/lease/{id}?session=S           renew S's lease: 200
            {"renewed": true, "lease_s"}; 409 if S holds no live lease on the item
     POST   /api/review-page/release/{id}?session=S         give a leased item back (skip)
@@ -47,7 +52,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from importlib import resources
 from typing import Literal, Protocol
@@ -56,7 +62,7 @@ import structlog
 from aiohttp import web
 
 from adapters.http.review_auth import reviewer_of, with_reviewer
-from monitor.core.errors import ConfigError, InputError, RelmonError, TooLargeError
+from monitor.core.errors import ConfigError, InputError, LimitError, RelmonError, TooLargeError
 from monitor.core.review import (
     MAX_VERDICT_BYTES,
     ReviewItem,
@@ -64,6 +70,7 @@ from monitor.core.review import (
     Verdict,
     check_item_id_size,
     parse_verdict,
+    same_judgement,
 )
 from monitor.engine.ports import Clock, SystemClock, VerdictHandler
 
@@ -71,6 +78,8 @@ __all__ = [
     "PAGE_HEADERS",
     "ReviewPage",
     "ReviewPageStore",
+    "StandingVerdicts",
+    "answer_duplicate",
     "verdict_error",
 ]
 
@@ -102,11 +111,24 @@ class ReviewPageStore(Protocol):
 
     async def get_review_item(self, item_id: str) -> ReviewItem | None: ...
 
+    async def get_verdict(self, item_id: str) -> Verdict | None: ...
+
+    async def held_verdict(self, item_id: str) -> tuple[Verdict, float] | None: ...
+
     async def lease_next(
-        self, task: str | None, *, holder: str, lease_s: float, exclude: Sequence[str] = ()
+        self,
+        task: str | None,
+        *,
+        holder: str,
+        lease_s: float,
+        exclude: Sequence[str] = (),
+        owner: str | None = None,
+        max_leases: int | None = None,
     ) -> ReviewItem | None: ...
 
-    async def lease_item(self, item_id: str, *, holder: str, lease_s: float) -> None: ...
+    async def lease_item(
+        self, item_id: str, *, holder: str, lease_s: float, owner: str | None = None
+    ) -> None: ...
 
     async def renew_lease(self, item_id: str, *, holder: str, lease_s: float) -> bool: ...
 
@@ -142,8 +164,46 @@ def _holder(request: web.Request) -> str:
     return "page:" + _session(request) + ("" if reviewer is None else "@" + reviewer)
 
 
+def _owner(request: web.Request) -> str:
+    """Whose leases a request's count against ``max_leases``: the reviewer the token or
+    the proxy names, else everyone on the shared token together (relmon cannot tell
+    them apart)."""
+    reviewer = reviewer_of(request)
+    return "shared-token" if reviewer is None else "reviewer:" + reviewer
+
+
 def _error(status: int, message: str) -> web.Response:
     return web.json_response({"error": message}, status=status)
+
+
+class StandingVerdicts(Protocol):
+    async def get_verdict(self, item_id: str) -> Verdict | None: ...
+
+    async def held_verdict(self, item_id: str) -> tuple[Verdict, float] | None: ...
+
+
+async def answer_duplicate(
+    store: StandingVerdicts, verdict: Verdict, repeated: Mapping[str, object]
+) -> web.Response:
+    """The answer to a verdict for an item that already has one: ``repeated`` (200) if
+    the verdict that counts judges alike, else 409 with that verdict (``"held"``: given
+    on the review page and still in its undo window; with ``repeated``'s ``score``, the
+    stored verdict's, once applied)."""
+    stored = await store.get_verdict(verdict.item_id)
+    held = False
+    if stored is None:
+        found = await store.held_verdict(verdict.item_id)
+        stored, held = (None, False) if found is None else (found[0], True)
+    if stored is None or same_judgement(stored, verdict):
+        return web.json_response(repeated)
+    body = {
+        "error": "the item already has another verdict; the first stored one counts",
+        "verdict": stored.to_json(),
+        "held": held,
+    }
+    if not held and "score" in repeated:  # the stored verdict's score (the API's answer)
+        body["score"] = repeated["score"]
+    return web.json_response(body, status=409)
 
 
 def verdict_error(exc: InputError) -> web.Response:
@@ -169,9 +229,13 @@ class ReviewPage:
         undo_s: float = 10.0,
         flush_every_s: float = 0.5,
         clock: Clock | None = None,
+        max_leases: int | None = 20,
     ) -> None:
         if not (lease_s > 0 and undo_s >= 0 and flush_every_s > 0):
             raise ConfigError("lease_s and flush_every_s must be > 0, undo_s >= 0")
+        if max_leases is not None and max_leases < 1:
+            raise ConfigError("max_leases must be >= 1 (None: no cap)")
+        self.max_leases = max_leases
         self._store = store
         self._handler = handler
         self._progress = progress
@@ -259,9 +323,23 @@ class ReviewPage:
         else:
             holder = "api:" + (reviewer_of(request) or request.query.get("reviewer", "")[:128])
         exclude = request.query.getall("exclude", [])[:_MAX_EXCLUDE]
-        item = await self._store.lease_next(
-            task, holder=holder, lease_s=self.lease_s, exclude=exclude
-        )
+        try:
+            item = await self._store.lease_next(
+                task,
+                holder=holder,
+                lease_s=self.lease_s,
+                exclude=exclude,
+                owner=_owner(request),
+                max_leases=self.max_leases,
+            )
+        except LimitError as exc:
+            _log.warning("review_lease_refused", error=str(exc))
+            body = {
+                "error": "too many items leased at once: give a verdict or skip one first "
+                f"(at most {self.max_leases} per reviewer)"
+            }
+            headers = {"Retry-After": str(max(1, math.ceil(self.lease_s)))}
+            return web.json_response(body, status=429, headers=headers)
         if item is None:
             return web.Response(status=204)
         return web.json_response(item.to_json())
@@ -284,7 +362,7 @@ class ReviewPage:
         status = await self._store.hold_verdict(verdict, self.undo_s, holder=holder)
         _log.info("review_verdict_held", item_id=item_id, status=status)
         if status == "duplicate":
-            return web.json_response({"status": "duplicate"})
+            return await answer_duplicate(self._store, verdict, {"status": "duplicate"})
         if self.undo_s == 0:
             await self.flush()
         return web.json_response({"status": "held", "undo_s": self.undo_s}, status=202)
@@ -298,7 +376,9 @@ class ReviewPage:
         if outcome == "none":
             return _error(409, "too late to undo: the verdict has been applied")
         _log.info("review_verdict_undone", item_id=item_id)
-        await self._store.lease_item(item_id, holder=holder, lease_s=self.lease_s)
+        await self._store.lease_item(
+            item_id, holder=holder, lease_s=self.lease_s, owner=_owner(request)
+        )
         undone = await self._store.get_review_item(item_id)
         return web.json_response(
             {"status": "undone", "item": None if undone is None else undone.to_json()}

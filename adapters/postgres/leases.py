@@ -17,6 +17,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Literal, TypeVar
 
+from adapters.postgres.schema import LEASE_LOCK, SEQ_LOCK
+from monitor.core.errors import LimitError
 from monitor.core.review import ReviewItem, Verdict
 from monitor.engine.ports import Clock
 
@@ -31,6 +33,31 @@ _FREE = (
 )
 """An item ``holder`` ($3) may lease at time $4: waiting, of task $1, not in $2, without
 a held verdict, and leased by nobody else (or the lease expired)."""
+
+
+async def _live_leases(conn: Any, owner: str, now: float) -> int:
+    """The live leases ``owner`` holds on items still waiting, on every replica."""
+    return int(
+        await conn.fetchval(
+            "SELECT count(*) FROM review_items WHERE pending AND lease_owner = $1 "
+            "AND lease_expires > $2",
+            owner,
+            now,
+        )
+    )
+
+
+async def _free(conn: Any, task: str | None, skip: list[str], holder: str, *, now: float) -> bool:
+    """Whether an item is free for ``holder`` to lease at ``now``."""
+    return bool(
+        await conn.fetchval(
+            f"SELECT EXISTS (SELECT 1 FROM review_items ri WHERE {_FREE})",
+            task,
+            skip,
+            holder,
+            now,
+        )
+    )
 
 
 def verdict_of(text: str) -> Verdict:
@@ -60,51 +87,90 @@ class ReviewPageTables(ABC):
         holder: str,
         lease_s: float,
         exclude: Sequence[str] = (),
+        owner: str | None = None,
+        max_leases: int | None = None,
     ) -> ReviewItem | None:
         """The oldest item waiting for a verdict that nobody else holds, leased to
         ``holder`` for ``lease_s`` seconds (renewed if ``holder`` already had it).
-        Skipped: items leased to another holder, items with a held verdict, ``exclude``."""
+        Skipped: items leased to another holder, items with a held verdict, ``exclude``.
+        ``owner`` (the reviewer behind ``holder``; default ``holder``) holds at most
+        ``max_leases`` live leases, on every replica together: one more raises
+        :class:`LimitError` (a renewal of one it holds does not count)."""
         skip = list(dict.fromkeys(exclude))[:64]
+        who = holder if owner is None else owner
 
         async def take(conn: Any) -> str | None:
-            for _ in range(_LEASE_ATTEMPTS):
-                now = self._clock.time()
-                body = await conn.fetchval(
-                    "UPDATE review_items SET lease_holder = $3, lease_expires = $5 "
-                    f"WHERE item_id = (SELECT ri.item_id FROM review_items ri WHERE {_FREE} "
-                    "ORDER BY ri.id LIMIT 1 FOR UPDATE OF ri SKIP LOCKED) RETURNING body",
-                    task,
-                    skip,
-                    holder,
-                    now,
-                    now + lease_s,
+            async with conn.transaction():
+                at_cap, held = False, 0
+                if max_leases is not None:
+                    # One reviewer's leasing in one order, whichever replica serves it.
+                    await conn.execute(
+                        "SELECT pg_advisory_xact_lock($1, hashtext($2))", LEASE_LOCK, who
+                    )
+                    held = await _live_leases(conn, who, self._clock.time())
+                    at_cap = held >= max_leases
+                body = await self._take(
+                    conn, task, skip=skip, holder=holder, owner=who, lease_s=lease_s, at_cap=at_cap
                 )
-                if body is not None:
-                    return str(body)
-                # None: nothing free, or the row chosen was leased by another replica
-                # in the meantime (it failed the recheck): look again.
-                if not await conn.fetchval(
-                    f"SELECT EXISTS (SELECT 1 FROM review_items ri WHERE {_FREE})",
-                    task,
-                    skip,
-                    holder,
-                    now,
-                ):
-                    return None
-            return None
+                free = body is None and at_cap
+                if free and await _free(conn, task, skip, holder, now=self._clock.time()):
+                    raise LimitError(
+                        f"{who!r} holds {held} review leases, the most allowed "
+                        f"(review.max_leases_per_reviewer: {max_leases})"
+                    )
+                return body
 
         body = await self._run(take)
         return None if body is None else ReviewItem.from_json(json.loads(body))
 
-    async def lease_item(self, item_id: str, *, holder: str, lease_s: float) -> None:
+    async def _take(
+        self,
+        conn: Any,
+        task: str | None,
+        *,
+        skip: list[str],
+        holder: str,
+        owner: str,
+        lease_s: float,
+        at_cap: bool,
+    ) -> str | None:
+        """Lease the first free item (at the cap: only one ``holder`` leases already)."""
+        for _ in range(_LEASE_ATTEMPTS):
+            now = self._clock.time()
+            body = await conn.fetchval(
+                "UPDATE review_items SET lease_holder = $3, lease_expires = $5, "
+                f"lease_owner = $6 WHERE item_id = (SELECT ri.item_id FROM review_items ri "
+                f"WHERE {_FREE} AND (NOT $7 OR (ri.lease_holder = $3 AND ri.lease_expires > $4)) "
+                "ORDER BY ri.id LIMIT 1 FOR UPDATE OF ri SKIP LOCKED) RETURNING body",
+                task,
+                skip,
+                holder,
+                now,
+                now + lease_s,
+                owner,
+                at_cap,
+            )
+            if body is not None:
+                return str(body)
+            # None: nothing free, or the row chosen was leased by another replica
+            # in the meantime (it failed the recheck): look again.
+            if at_cap or not await _free(conn, task, skip, holder, now=now):
+                return None
+        return None
+
+    async def lease_item(
+        self, item_id: str, *, holder: str, lease_s: float, owner: str | None = None
+    ) -> None:
         """Lease one item to ``holder`` (taking it over from anyone else)."""
         expires = self._clock.time() + lease_s
         await self._run(
             lambda conn: conn.execute(
-                "UPDATE review_items SET lease_holder = $2, lease_expires = $3 WHERE item_id = $1",
+                "UPDATE review_items SET lease_holder = $2, lease_expires = $3, "
+                "lease_owner = $4 WHERE item_id = $1",
                 item_id,
                 holder,
                 expires,
+                holder if owner is None else owner,
             )
         )
 
@@ -145,6 +211,8 @@ class ReviewPageTables(ABC):
         async def hold(conn: Any) -> Literal["held", "duplicate"]:
             now = self._clock.time()
             async with conn.transaction():
+                # In one order with the verdicts stored through the API (save_record).
+                await conn.execute("SELECT pg_advisory_xact_lock($1)", SEQ_LOCK)
                 if await conn.fetchval("SELECT 1 FROM records WHERE item_id = $1", verdict.item_id):
                     return "duplicate"
                 inserted = await conn.fetchval(
@@ -169,16 +237,22 @@ class ReviewPageTables(ABC):
         return await self._run(hold)
 
     async def undo_held(self, item_id: str, holder: str) -> Literal["undone", "other", "none"]:
-        """Withdraw a held verdict not yet claimed, if ``holder`` gave it."""
+        """Withdraw a held verdict not yet claimed, if ``holder`` gave it; ``"none"`` as
+        well once the item's verdict counts (the same judgement stored through the API
+        meanwhile: the held one, which repeats it, is dropped)."""
 
         async def undo(conn: Any) -> Literal["undone", "other", "none"]:
             async with conn.transaction():
+                await conn.execute("SELECT pg_advisory_xact_lock($1)", SEQ_LOCK)
                 row = await conn.fetchrow(
                     "SELECT holder FROM held_verdicts WHERE item_id = $1 AND NOT claimed "
                     "FOR UPDATE",
                     item_id,
                 )
                 if row is None:
+                    return "none"
+                if await conn.fetchval("SELECT 1 FROM records WHERE item_id = $1", item_id):
+                    await conn.execute("DELETE FROM held_verdicts WHERE item_id = $1", item_id)
                     return "none"
                 if row["holder"] != holder:
                     return "other"

@@ -7,27 +7,15 @@ import json
 import math
 import sqlite3
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from adapters.sqlite.connection import SqliteConnection
 from adapters.sqlite.rows import aci_column, next_seq, score_column, verdict_from_json
 from monitor.core.errors import InputError
-from monitor.core.review import ReviewItem, Verdict
+from monitor.core.review import ReviewItem
+from monitor.engine.ports import ExportedVerdict
 
 __all__ = ["ExportedVerdict", "VerdictExport"]
-
-
-@dataclass(frozen=True, slots=True)
-class ExportedVerdict:
-    """One applied verdict with its review item, as ``relmon verdicts export`` writes it."""
-
-    item: ReviewItem
-    verdict: Verdict
-    score: float
-    applied_at: float
-    aci_miss: bool | None = None
-    """The verdict's ACI step (:attr:`monitor.engine.ports.CalibrationRecord.aci_miss`)."""
 
 
 class VerdictExport(SqliteConnection):

@@ -10,9 +10,30 @@ from typing import Literal
 
 from adapters.sqlite.connection import SqliteConnection
 from adapters.sqlite.rows import pending_filter, verdict_from_json
+from monitor.core.errors import LimitError
 from monitor.core.review import ReviewItem, Verdict
 
-__all__ = ["ReviewPageTables"]
+__all__ = ["ReviewPageTables", "live_leases"]
+
+
+def live_leases(conn: sqlite3.Connection, owner: str) -> int:
+    """The live leases ``owner`` holds on items still waiting (expired ones are deleted
+    before this is asked)."""
+    return int(
+        conn.execute(
+            "SELECT count(*) FROM leases l JOIN review_items ri ON ri.item_id = l.item_id "
+            "WHERE l.owner = ? AND ri.pending = 1",
+            (owner,),
+        ).fetchone()[0]
+    )
+
+
+def _renews(conn: sqlite3.Connection, item_id: str, holder: str) -> bool:
+    """Whether ``holder`` already leases ``item_id`` (taking it again renews the lease)."""
+    row = conn.execute(
+        "SELECT 1 FROM leases WHERE item_id = ? AND holder = ?", (item_id, holder)
+    ).fetchone()
+    return row is not None
 
 
 class ReviewPageTables(SqliteConnection):
@@ -25,15 +46,21 @@ class ReviewPageTables(SqliteConnection):
         holder: str,
         lease_s: float,
         exclude: Sequence[str] = (),
+        owner: str | None = None,
+        max_leases: int | None = None,
     ) -> ReviewItem | None:
         """The oldest item waiting for a verdict that nobody else holds, leased to
         ``holder`` for ``lease_s`` seconds (renewed if ``holder`` already had it).
 
         Skipped: items leased to another holder (lease not expired), items with a held
         verdict, and the ids in ``exclude`` (what the caller shows or prefetched).
+        ``owner`` (the reviewer behind ``holder``; default ``holder``) holds at most
+        ``max_leases`` live leases: one more raises :class:`LimitError` (a renewal of one
+        it holds does not count).
         """
         where, params = pending_filter(task)
         skip = tuple(dict.fromkeys(exclude))[:64]
+        who = holder if owner is None else owner
 
         def take(conn: sqlite3.Connection) -> str | None:
             now = self._clock.time()
@@ -51,22 +78,33 @@ class ReviewPageTables(SqliteConnection):
             ).fetchone()
             if row is None:
                 return None
+            if max_leases is not None and not _renews(conn, str(row[0]), holder):
+                held = live_leases(conn, who)
+                if held >= max_leases:
+                    raise LimitError(
+                        f"{who!r} holds {held} review leases, the most allowed "
+                        f"(review.max_leases_per_reviewer: {max_leases})"
+                    )
             conn.execute(
-                "INSERT OR REPLACE INTO leases (item_id, holder, expires) VALUES (?, ?, ?)",
-                (row[0], holder, now + lease_s),
+                "INSERT OR REPLACE INTO leases (item_id, holder, expires, owner) "
+                "VALUES (?, ?, ?, ?)",
+                (row[0], holder, now + lease_s, who),
             )
             return str(row[1])
 
         body = await self._run(lambda: self._write(take))
         return None if body is None else ReviewItem.from_json(json.loads(body))
 
-    async def lease_item(self, item_id: str, *, holder: str, lease_s: float) -> None:
+    async def lease_item(
+        self, item_id: str, *, holder: str, lease_s: float, owner: str | None = None
+    ) -> None:
         """Lease one item to ``holder`` (taking it over from anyone else)."""
 
         def lease(conn: sqlite3.Connection) -> None:
             conn.execute(
-                "INSERT OR REPLACE INTO leases (item_id, holder, expires) VALUES (?, ?, ?)",
-                (item_id, holder, self._clock.time() + lease_s),
+                "INSERT OR REPLACE INTO leases (item_id, holder, expires, owner) "
+                "VALUES (?, ?, ?, ?)",
+                (item_id, holder, self._clock.time() + lease_s, holder if owner is None else owner),
             )
 
         await self._run(lambda: self._write(lease))
@@ -130,13 +168,17 @@ class ReviewPageTables(SqliteConnection):
         """Withdraw a held verdict not yet claimed, if ``holder`` gave it: ``"undone"``
         (the item waits for review again); ``"other"`` if it was held for another holder
         (it stands); ``"none"`` if there is none (applied, claimed for applying, or never
-        held)."""
+        held) or if the item's verdict already counts (the same judgement, stored through
+        the API meanwhile: the held one is then dropped, it repeats what counts)."""
 
         def undo(conn: sqlite3.Connection) -> Literal["undone", "other", "none"]:
             row = conn.execute(
                 "SELECT holder FROM held_verdicts WHERE item_id = ? AND claimed = 0", (item_id,)
             ).fetchone()
             if row is None:
+                return "none"
+            if conn.execute("SELECT 1 FROM records WHERE item_id = ?", (item_id,)).fetchone():
+                conn.execute("DELETE FROM held_verdicts WHERE item_id = ?", (item_id,))
                 return "none"
             if row[0] != holder:
                 return "other"

@@ -9,12 +9,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from monitor.core.errors import InputError, StoreError
-from monitor.core.review import Verdict
+from monitor.core.review import Verdict, same_judgement
 from monitor.engine.ports import CalibrationRecord
 
 __all__ = [
     "RECORD_COLUMNS",
     "aci_column",
+    "held_elsewhere",
     "next_seq",
     "pending_filter",
     "record_of",
@@ -75,3 +76,11 @@ def next_seq(conn: sqlite3.Connection) -> int:
 
 def pending_filter(task: str | None) -> tuple[str, tuple[Any, ...]]:
     return ("", ()) if task is None else (" AND ri.task = ?", (task,))
+
+
+def held_elsewhere(conn: sqlite3.Connection, verdict: Verdict) -> bool:
+    """Whether a verdict that judges ``verdict``'s item otherwise is held for it."""
+    row = conn.execute(
+        "SELECT verdict FROM held_verdicts WHERE item_id = ?", (verdict.item_id,)
+    ).fetchone()
+    return row is not None and not same_judgement(verdict_from_json(str(row[0])), verdict)

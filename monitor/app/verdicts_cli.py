@@ -1,4 +1,5 @@
-"""``relmon verdicts export|import``: reviewed labels as data (SQLite review store).
+"""``relmon verdicts export|import``: reviewed labels as data (the SQLite review store,
+or the PostgreSQL store every replica shares with ``store.backend: postgres``).
 
 Export writes every applied verdict with its review item, one record per item, in the
 order the calibration windows load them. JSONL keeps everything::
@@ -15,13 +16,14 @@ field, ``accepted_ranks`` joined by ``;`` and ``candidates`` as JSON; every cell
 to open in a spreadsheet or print in a terminal (:mod:`monitor.app.spreadsheet`: a cell
 that starts like a formula gets a leading ``'``, controls are written as ``\\xHH``).
 
-Import reads either format back into a state directory: a review item and its verdict
-per record; an item that already has a verdict keeps it (verdicts are idempotent by
-item id). ``aci_miss`` (true, false or null) is the verdict's step of the adaptive alpha
-(tasks with ``aci_gamma``); a file without it imports as null (no step). The score of a
-verdict with accepted ranks is recomputed from the ranks and
-must agree with the file's; a "none of these" verdict keeps the file's score (its
-correct answer may have matched a candidate through the task's canonicalizer). The
+Import reads either format back into a state directory (or the shared store): a review
+item and its verdict per record; an item that already has a verdict keeps it (verdicts
+are idempotent by item id; on the shared store the running replicas follow the imported
+ones at once). ``aci_miss`` (true, false or null) is the verdict's step of the adaptive
+alpha (tasks with ``aci_gamma``); a file without it imports as null (no step). The score
+of a verdict with accepted ranks is recomputed from the ranks and must agree with the
+file's; a "none of these" verdict keeps the file's score (its correct answer may have
+matched a candidate through the task's canonicalizer). In a state directory the
 imported verdicts count from relmon's next start (the running service does not see
 them). Floats are written with ``repr``, so a round trip restores the same weights and
 therefore the same thresholds.
@@ -40,9 +42,11 @@ import json
 import math
 import sys
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
+from adapters.postgres.store import PostgresStore
 from adapters.sqlite.store import ExportedVerdict, SqliteStore
 from monitor.app.spreadsheet import cell_from_csv, cell_to_csv
 from monitor.config import load_settings
@@ -269,26 +273,43 @@ def read_records(path: Path, fmt: str | None = None) -> list[Any]:
     return out
 
 
-def _store_path(args: argparse.Namespace) -> Path:
+@dataclass(frozen=True)
+class _Target:
+    """Where the verdicts are: a SQLite file, or the shared PostgreSQL store (a DSN)."""
+
+    path: Path | None = None
+    dsn: str | None = None
+
+    @property
+    def shown(self) -> str:
+        return str(self.path) if self.path is not None else "the PostgreSQL store"
+
+    async def open(self) -> Any:
+        if self.dsn is not None:
+            return await PostgresStore.open(self.dsn, max_size=2)
+        return await SqliteStore.open(self.path or Path("relmon.sqlite3"))
+
+
+def _target(args: argparse.Namespace) -> _Target:
     if args.state_dir is not None:
-        return Path(args.state_dir) / "relmon.sqlite3"
+        return _Target(path=Path(args.state_dir) / "relmon.sqlite3")
     settings = load_settings(args.config)
     if settings.review.backend == "kafka":
         raise ConfigError(
-            "review.backend: relmon verdicts works with the SQLite review store; with the "
-            "Kafka backend the verdict topic is the record (copy or mirror the topic)"
+            "review.backend: relmon verdicts works with the SQLite or PostgreSQL review "
+            "store; with the Kafka backend the verdict topic is the record (copy or mirror "
+            "the topic)"
         )
     if settings.store.backend == "postgres":
-        raise ConfigError(
-            "store.backend: relmon verdicts does not read the PostgreSQL store yet; its "
-            "records and review_items tables hold the same data (pg_dump -t records -t "
-            "review_items)"
-        )
-    return Path(settings.state_dir) / "relmon.sqlite3"
+        dsn = settings.store.resolved_dsn()
+        if dsn is None:
+            raise ConfigError("store.dsn: store.backend postgres needs a DSN")
+        return _Target(dsn=dsn)
+    return _Target(path=Path(settings.state_dir) / "relmon.sqlite3")
 
 
-async def _export(path: Path, out: TextIO, fmt: str) -> int:
-    store = await SqliteStore.open(path)
+async def _export(target: _Target, out: TextIO, fmt: str) -> int:
+    store = await target.open()
     try:
         rows = await store.export_verdicts()
     finally:
@@ -297,31 +318,36 @@ async def _export(path: Path, out: TextIO, fmt: str) -> int:
     return len(rows)
 
 
-async def _import(path: Path, rows: Sequence[Any]) -> tuple[int, int]:
-    store = await SqliteStore.open(path)
+async def _import(target: _Target, rows: Sequence[Any]) -> tuple[int, int]:
+    store = await target.open()
     try:
-        return await store.import_verdicts(rows)
+        return cast("tuple[int, int]", await store.import_verdicts(rows))
     finally:
         await store.aclose()
 
 
 def run_verdicts(args: argparse.Namespace) -> int:
-    path = _store_path(args)
+    target = _target(args)
     if args.action == "export":
-        if not path.exists():
-            raise ConfigError(f"no review store at {path} (check --state-dir or --config)")
+        if target.path is not None and not target.path.exists():
+            raise ConfigError(f"no review store at {target.path} (check --state-dir or --config)")
         if args.output is None:
-            count = asyncio.run(_export(path, sys.stdout, args.format))
+            count = asyncio.run(_export(target, sys.stdout, args.format))
         else:
             with args.output.open("w", encoding="utf-8", newline="") as out:
-                count = asyncio.run(_export(path, out, args.format))
-        print(f"relmon: exported {count} verdicts from {path}", file=sys.stderr)
+                count = asyncio.run(_export(target, out, args.format))
+        print(f"relmon: exported {count} verdicts from {target.shown}", file=sys.stderr)
         return 0
     rows = read_records(args.file, args.format)
-    new, old = asyncio.run(_import(path, rows))
+    new, old = asyncio.run(_import(target, rows))
+    when = (
+        "relmon uses them from its next start"
+        if target.dsn is None
+        else "the running replicas follow them now"
+    )
     print(
-        f"relmon: imported {new} verdicts into {path} ({old} already had one and kept it); "
-        "relmon uses them from its next start",
+        f"relmon: imported {new} verdicts into {target.shown} ({old} already had one and "
+        f"kept it); {when}",
         file=sys.stderr,
     )
     return 0
@@ -330,7 +356,7 @@ def run_verdicts(args: argparse.Namespace) -> int:
 def add_verdicts_parser(sub: Any) -> None:
     p = sub.add_parser(
         "verdicts",
-        help="export or import reviewed labels (SQLite review store)",
+        help="export or import reviewed labels (the SQLite or PostgreSQL review store)",
         description="Keep, audit and move reviewed labels: every applied verdict with its "
         "review item, as JSONL or CSV.",
     )
@@ -341,7 +367,9 @@ def add_verdicts_parser(sub: Any) -> None:
     ):
         a = actions.add_parser(name, help=text, description=text)
         where = a.add_mutually_exclusive_group()
-        where.add_argument("--config", type=Path, help="settings file (its state_dir)")
+        where.add_argument(
+            "--config", type=Path, help="settings file (its state_dir, or store.dsn)"
+        )
         where.add_argument("--state-dir", type=Path, help="relmon's state directory")
         a.set_defaults(handler=run_verdicts)
         if name == "export":

@@ -13,6 +13,8 @@ Every error relmon raises on purpose derives from :class:`RelmonError`::
     │                          429, 5xx, connection errors; not: 4xx, garbage bodies)
     ├── StoreError             a read or write of a calibration store failed (retriable:
     │                          a busy or locked database)
+    ├── LimitError             a caller over a configured limit (a reviewer's review
+    │                          leases: HTTP 429)
     └── StateError             an object used out of order: started twice, or used
                                before it was started or after it was stopped
 
@@ -33,6 +35,7 @@ __all__ = [
     "CanonicalizationError",
     "ConfigError",
     "InputError",
+    "LimitError",
     "ModelCallError",
     "RelmonError",
     "StateError",
@@ -90,6 +93,11 @@ class StoreError(RelmonError):
     def __init__(self, message: str, *, retriable: bool = False) -> None:
         super().__init__(message)
         self.retriable = retriable
+
+
+class LimitError(RelmonError):
+    """A caller is over a configured limit (``review.max_leases_per_reviewer``): refused
+    until it gives something back."""
 
 
 class StateError(RelmonError, RuntimeError):

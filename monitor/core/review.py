@@ -36,6 +36,7 @@ __all__ = [
     "minimum_calibration_items",
     "parse_verdict",
     "reviewer_name_problem",
+    "same_judgement",
     "verdict_score",
 ]
 
@@ -189,6 +190,18 @@ class Verdict:
             "correct_answer": self.correct_answer,
             "reviewer": self.reviewer,
         }
+
+
+def same_judgement(a: Verdict, b: Verdict) -> bool:
+    """Whether two verdicts on one item judge it alike (the same accepted ranks, or both
+    "none of these" with the same correct answer), whoever gave them: a second verdict
+    that judges alike repeats the first, one that does not conflicts with it."""
+    return (
+        a.item_id == b.item_id
+        and sorted(set(a.accepted_ranks)) == sorted(set(b.accepted_ranks))
+        and a.none_of_these == b.none_of_these
+        and (a.correct_answer or "").strip() == (b.correct_answer or "").strip()
+    )
 
 
 def reviewer_name_problem(name: str) -> str | None:

@@ -385,7 +385,7 @@ async def test_a_different_verdict_for_a_reviewed_item_answers_the_stored_score(
     tmp_path: Path,
 ) -> None:
     """The HTTP review API: the first verdict wins, and a second, different one answers
-    ``duplicate`` with the score of the stored verdict, not its own."""
+    409 with the stored verdict and its score, not its own; the same one ``duplicate``."""
     from adapters.http.review import ReviewServer
 
     clock = ManualClock(T0 + 100.0)
@@ -404,8 +404,9 @@ async def test_a_different_verdict_for_a_reviewed_item_answers_the_stored_score(
                 assert await resp.json() == {"status": "applied", "score": 2.0}
             for other, _ in [({"none_of_these": True}, "inf"), ({"accepted_ranks": [1]}, 1.0)]:
                 async with http.post(url, json=other) as resp:
-                    assert resp.status == 200
-                    assert await resp.json() == {"status": "duplicate", "score": 2.0}
+                    assert resp.status == 409
+                    body = await resp.json()
+                    assert (body["score"], body["verdict"]["accepted_ranks"]) == (2.0, [2])
             async with http.post(url, json={"accepted_ranks": [2]}) as resp:
                 assert await resp.json() == {"status": "duplicate", "score": 2.0}
         assert live.snapshot(MODEL, TASK).n == 1

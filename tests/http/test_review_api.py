@@ -120,7 +120,11 @@ async def test_next_get_and_post_a_verdict(api: Api) -> None:
         assert (r.status, await r.json()) == (200, {"status": "applied", "score": 1.0})
     assert api.handler.calls == [Verdict("a", accepted_ranks=(1, 2), reviewer="ann")]
     async with api.http.post(url, json={"accepted_ranks": [3]}, headers=AUTH) as r:
-        assert (r.status, (await r.json())["status"]) == (200, "duplicate")
+        assert r.status == 409  # another judgement: the first stored one counts
+        body = await r.json()
+    assert body["verdict"]["accepted_ranks"] == [1, 2] and body["held"] is False
+    async with api.http.post(url, json={"accepted_ranks": [1, 2]}, headers=AUTH) as r:
+        assert (r.status, (await r.json())["status"]) == (200, "duplicate")  # the same
 
     async with api.http.get(url, headers=AUTH) as r:
         got = await r.json()

@@ -139,18 +139,17 @@ async def test_an_item_reviewed_twice_keeps_the_first_verdict(papi: PageApi) -> 
     papi.clock.advance(61)
     first = {"accepted_ranks": [2], "reviewer": "ann"}
     assert await papi.hold("a", "tab1", first) == (202, {"status": "held", "undo_s": 10})
-    assert await papi.hold("a", "tab2", {"accepted_ranks": [1], "reviewer": "bob"}) == (
-        200,
-        {"status": "duplicate"},
-    )
+    status, body = await papi.hold("a", "tab2", {"accepted_ranks": [1], "reviewer": "bob"})
+    assert (status, body["verdict"]["accepted_ranks"], body["held"]) == (409, [2], True)  # type: ignore[index]
+    assert await papi.hold("a", "tab3", {"accepted_ranks": [2]}) == (200, {"status": "duplicate"})
     papi.clock.advance(10)
     assert await papi.page.flush() == 1
     assert await papi.store.get_verdict("a") == Verdict("a", accepted_ranks=(2,), reviewer="ann")
-    # Through the plain API too: a second verdict is a duplicate, the first stays.
+    # Through the plain API too: another judgement is refused, the first stays.
     async with papi.http.post(
         f"{papi.base}/api/reviews/a", json={"none_of_these": True}, headers=AUTH
     ) as r:
-        assert (await r.json())["status"] == "duplicate"
+        assert r.status == 409 and (await r.json())["held"] is False
     assert await papi.hold("a", "tab2", first) == (200, {"status": "duplicate"})
     assert (await papi.store.get_verdict("a")) == Verdict("a", (2,), reviewer="ann")
 
@@ -317,12 +316,18 @@ async def _run_against_model(path: Path, ops: list[tuple[str, int, int]]) -> Non
                     held[name] = (rank, clock.time() + undo_s)
             elif op == "direct":  # the plain API, while a page verdict may be held
                 await handler(Verdict(name, (rank,)))
-                applied.setdefault(name, rank)
-            elif op == "undo":
-                assert await store.undo_held(name, "s") == ("undone" if name in held else "none")
+                if name not in held or held[name][0] == rank:  # a held one counts first
+                    applied.setdefault(name, rank)
+            elif op == "undo":  # too late once the verdict counts (the same, by the API)
+                counted = name in held and name not in applied
+                assert await store.undo_held(name, "s") == ("undone" if counted else "none")
                 held.pop(name, None)
             elif op == "undo_other":  # another session: refused, the verdict stands
-                assert await store.undo_held(name, "t") == ("other" if name in held else "none")
+                if name in held and name in applied:  # the held one repeats what counts
+                    assert await store.undo_held(name, "t") == "none"
+                    held.pop(name)
+                else:
+                    assert await store.undo_held(name, "t") == ("other" if name in held else "none")
             elif op == "advance":
                 clock.advance(i)
             elif op == "flush":

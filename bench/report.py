@@ -20,7 +20,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import benchlib
 
-SECTIONS = ("run", "mirror", "proxy", "stopping", "calibration", "soak", "core", "kafka_scale")
+SECTIONS = (
+    "run",
+    "mirror",
+    "proxy",
+    "proxy_saturation",
+    "stopping",
+    "calibration",
+    "soak",
+    "core",
+    "kafka_scale",
+    "store_replicas",
+)
 
 
 def _load(results: Path) -> dict[str, dict[str, Any]]:
@@ -121,9 +132,26 @@ def mirror(doc: dict[str, Any]) -> list[str]:
         "The requests/s ratio is the steadier figure: a p99 on this shared machine moves "
         "with other processes' bursts (see its range over the repeats).",
         "",
+        *_mirror_before(doc),
         "Reproduce: `.venv/bin/python bench/mirror_bench.py`",
         "",
     ]
+    return out
+
+
+def _mirror_before(doc: dict[str, Any]) -> list[str]:
+    """Earlier runs (``--before``), each with the ratios of its own run."""
+    out = []
+    for b in doc.get("before", []):
+        sat, one = b["saturation"], b["one_connection"]
+        out += [
+            f"{b['label']} (ran {b['machine']['date']}, load average "
+            f"{b['machine']['loadavg'][0]:g}): {sat['relmon']['requests_per_s']:,.0f} against "
+            f"{sat['bare']['requests_per_s']:,.0f} req/s at saturation, "
+            f"{_x(sat['ratio']['requests_per_s'])}; one connection "
+            f"{_x(one['ratio']['requests_per_s'])}.",
+            "",
+        ]
     return out
 
 
@@ -200,11 +228,80 @@ def proxy(doc: dict[str, Any]) -> list[str]:
     return out
 
 
+def _sat_row(label: str, d: dict[str, Any]) -> list[str]:
+    lat, sat, x = d["latency"], d["saturation"], d["ratios"]
+    r, n = lat["relmon_added"], lat["nginx_added"]
+    return [
+        label,
+        f"+{r['p50_ms']:.3f} / +{n['p50_ms']:.3f}",
+        _x(x["added_p50"]),
+        f"+{r['p99_ms']:.3f} / +{n['p99_ms']:.3f}",
+        _x(x["added_p99"]),
+        f"{sat['relmon']['requests_per_s']:,.0f} / {sat['nginx']['requests_per_s']:,.0f}",
+        _x(x["requests_per_s"]),
+        f"{sat['relmon']['cpu_s_per_10k']:.2f} / {sat['nginx']['cpu_s_per_10k']:.2f}",
+        _x(x["cpu_per_request"]),
+    ]
+
+
+def proxy_saturation(doc: dict[str, Any]) -> list[str]:
+    out = [
+        "### The proxy beside nginx, with wrk",
+        "",
+        f"Debian's `wrk` (one thread, closed loop, a {doc['request_bytes']:,}-byte chat "
+        f"request) against the upstream ({doc['upstream']}) directly, relmon's proxy "
+        "(`relmon run`, 1% sampled) and nginx `proxy_pass` (one worker, keep-alive to the "
+        f"upstream) in front of the same upstream. Added latency at "
+        f"{doc['latency_connections']} connections: a target's p50 (p99) minus the direct "
+        "call's in the same repeat, the three targets one after the other in a rotating "
+        f"order; saturation at {doc['connections']} connections: requests/s and the "
+        "CPU-seconds (user + system, every thread and worker) the proxy process spends per "
+        f"10,000 requests. Medians over {doc['repeats']} repeats of {doc['seconds']:g} s. "
+        f"{_ran(doc)}",
+        "",
+    ]
+    rows = [_sat_row(b["label"], b) for b in doc.get("before", [])]
+    rows.append(_sat_row(doc.get("label", "this run"), doc))
+    out += _table(
+        [
+            "relmon",
+            "added p50 ms relmon / nginx",
+            "ratio",
+            "added p99 ms relmon / nginx",
+            "ratio",
+            "req/s at saturation relmon / nginx",
+            "ratio",
+            "CPU-s per 10k relmon / nginx",
+            "ratio",
+        ],
+        rows,
+    )
+    out += [
+        "",
+        "Goals: added latency at most ×2 nginx's (p50 and p99), requests/s at least ×0.7, "
+        "CPU per request at most ×2. Each row is one run; the ratios are within the run "
+        "(load average at each run's start: "
+        + ", ".join(
+            f"{b.get('label', 'this run')} {b['machine']['loadavg'][0]:g}"
+            for b in [*doc.get("before", []), doc]
+        )
+        + "). A p99 difference below 0 (nginx's p99 under the direct call's) is noise and "
+        "gives no ratio.",
+        "",
+        "Reproduce: `.venv/bin/python bench/proxy_saturation_bench.py`",
+        "",
+    ]
+    return out
+
+
 RULE_LABELS = {
-    "default": "relmon default (`runner-up` + futility)",
+    "default": "relmon default (`truncated` + futility)",
+    "previous": "relmon previous default (`runner-up` + futility)",
     "fixed": "fixed K_max (baseline)",
     "paper": "the paper's rule (`hoeffding`)",
     "trustgate": "TrustGate `sequential.should_stop`",
+    "esc": "Early-Stopping Self-Consistency (window 5)",
+    "adaptive": "Adaptive-Consistency (Beta, 0.95)",
 }
 
 
@@ -216,8 +313,13 @@ def stopping(doc: dict[str, Any]) -> list[str]:
         f"replayed {doc['reps']} times, every rule on the same random draws (seed "
         f"{doc['seed']}). TrustGate (PyPI `theaios-trustgate`) is applied to relmon's canonical "
         "classes: 3 samples, then one at a time until `should_stop` holds, as its "
-        "`SequentialSampler` does. *Wrong mode*: certified with a leader that is not the true "
-        "mode (share of all items; what δ bounds). *Top ≠ mode*: the top-ranked answer after "
+        "`SequentialSampler` does. Early-Stopping Self-Consistency (Li et al., 2024) samples "
+        "windows of 5 and stops when a window's answers all agree; Adaptive-Consistency "
+        "(Aggarwal et al., 2023) stops after any sample once its Beta criterion "
+        "P(p1 > p2) ≥ 0.95 (both at most K_max; their early stops count as certified). "
+        "*Wrong mode*: certified with a leader that is not the true "
+        "mode (share of all items); *worst item*: its largest rate on one item (what δ "
+        "bounds, item by item). *Top ≠ mode*: the top-ranked answer after "
         "stopping is not the true mode, certified or not. Deterministic (no timing).",
         "",
     ]
@@ -241,6 +343,7 @@ def stopping(doc: dict[str, Any]) -> list[str]:
                     _x(r["ratio_to_fixed"]),
                     f"{r['certified']:.3f}",
                     f"{r['wrong_mode']:.4f}",
+                    f"{r['worst_item_wrong_mode']:.4f}" if "worst_item_wrong_mode" in r else "n/a",
                     f"{r['top_not_mode']:.4f}",
                     f"{r['top_accuracy']:.3f}",
                 ]
@@ -252,6 +355,7 @@ def stopping(doc: dict[str, Any]) -> list[str]:
                 "vs fixed K_max",
                 "certified",
                 "wrong mode",
+                "worst item",
                 "top ≠ mode",
                 "top-answer accuracy",
             ],
@@ -457,8 +561,9 @@ def kafka_scale(doc: dict[str, Any] | None) -> list[str]:
         out += [
             f"**Replicas.** {r['events']:,} events of about {r['event_bytes']} bytes in "
             f"{r['partitions']} partitions, drained by 1 and by 2 `relmon run` processes in "
-            "a fresh consumer group each time (1% hash-sampled, the sampled events re-asked "
-            "of the model), and by a bare `AIOKafkaConsumer` loop (`json.loads` per record, "
+            "a fresh consumer group each time (1% hash-sampled, decided from the id, task "
+            "and model before an event is parsed; the sampled events re-asked of the "
+            "model), and by a bare `AIOKafkaConsumer` loop (`json.loads` per record, "
             f"nothing else) in the same run; medians over {r['repeats']} alternating repeats, "
             "the group join not counted. relmon's rate is read off its `/metrics` every "
             "0.2 s, the bare loop's from its own records. A second replica on the same two "
@@ -507,6 +612,65 @@ def kafka_scale(doc: dict[str, Any] | None) -> list[str]:
     return [*out, "Reproduce: `make bench-kafka`", ""]
 
 
+def store_replicas(doc: dict[str, Any] | None) -> list[str]:
+    out = ["## 8. Shared store: 3 replicas on PostgreSQL", ""]
+    if doc is None:
+        return [
+            *out,
+            "No results yet: `make bench-store` (about 2 minutes, not part of `make bench`) "
+            "writes this section.",
+            "",
+        ]
+    m, sq, pg = doc["machine"], doc["sqlite_1"], doc["postgres_3"]
+    out += [
+        f"`make bench-store` ran on {m['date']}, code at {m.get('commit', 'unknown')} (load "
+        f"average {m['loadavg'][0]:g} at the start). Three relmon replicas (each a "
+        "`MonitorService` with its store and its verdict follower, LISTEN/NOTIFY with the "
+        "2 s poll as fallback) on one local PostgreSQL, against one replica on SQLite "
+        "(WAL, `synchronous=FULL`), the baseline, in the same run. The replicas share one "
+        "process and the database the same 2 cores; PostgreSQL runs with `fsync=off` as "
+        "in the tests"
+        + (" (a `--quick` smoke run: its figures say nothing)." if doc.get("quick") else "."),
+        "",
+        f"**Throughput.** {doc['verdicts']:,} verdicts, 8 at a time, spread over the "
+        "replicas; the clock stops when every replica's window holds them all.",
+        "",
+    ]
+    out += _table(
+        ["store", "verdicts/s applied everywhere", "vs SQLite"],
+        [
+            ["SQLite, 1 replica (baseline)", f"{sq['verdicts_per_s']:,.0f}", "×1.00"],
+            ["PostgreSQL, 3 replicas", f"{pg['verdicts_per_s']:,.0f}", _x(doc["throughput_ratio"])],
+        ],
+    )
+    out += [
+        "",
+        "**Convergence.** One verdict at a time on a random replica: the time from the call "
+        "until every replica exports the same level with it in its window (for SQLite, the "
+        "call itself).",
+        "",
+    ]
+    rows = [
+        ("SQLite, 1 replica (baseline)", sq["convergence"]),
+        ("PostgreSQL, 3 replicas, notices", pg["convergence"]),
+        ("PostgreSQL, 3 replicas, polling only (`sync_s` 2 s)", pg["convergence_polling"]),
+    ]
+    out += _table(
+        ["store", "verdicts", "median ms", "p99 ms", "max ms"],
+        [
+            [
+                name,
+                str(c["count"]),
+                f"{c['median_ms']:.1f}",
+                f"{c['p99_ms']:.1f}",
+                f"{c['max_ms']:.1f}",
+            ]
+            for name, c in rows
+        ],
+    )
+    return [*out, "", "Reproduce: `make bench-store`", ""]
+
+
 def render(docs: dict[str, dict[str, Any]]) -> str:
     lines = [
         "# Benchmark results",
@@ -535,10 +699,13 @@ def render(docs: dict[str, dict[str, Any]]) -> str:
             lines += fn(docs[name])
         else:
             lines += [f"## {name}", "", "Not run: `make bench` writes this section.", ""]
+        if name == "proxy" and "proxy_saturation" in docs:
+            lines += proxy_saturation(docs["proxy_saturation"])
     lines += soak(docs.get("soak"))
     if "core" in docs:
         lines += core(docs["core"])
     lines += kafka_scale(docs.get("kafka_scale"))
+    lines += store_replicas(docs.get("store_replicas"))
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -13,7 +13,7 @@ from typing import Any
 from monitor.core.errors import ModelCallError
 from monitor.core.events import query_text
 from monitor.core.review import ReviewItem, Verdict
-from monitor.engine.ports import CalibrationRecord, CircuitState
+from monitor.engine.ports import CalibrationRecord, CircuitState, Judgement
 
 __all__ = ["FakeModelClient", "InMemoryStore", "ManualClock"]
 
@@ -60,6 +60,17 @@ class InMemoryStore:
     def __init__(self) -> None:
         self.items: dict[str, ReviewItem] = {}
         self.records: dict[str, tuple[CalibrationRecord, Verdict]] = {}
+        self.judgements: dict[str, Judgement] = {}
+
+    async def save_judgement(self, judgement: Judgement) -> int:
+        if judgement.item_id in self.judgements:
+            return 0
+        seq = len(self.judgements) + 1
+        self.judgements[judgement.item_id] = replace(judgement, seq=seq)
+        return seq
+
+    async def load_judgements(self, since: float) -> list[Judgement]:
+        return [j for j in self.judgements.values() if j.sampled_at >= since]
 
     async def submit(self, item: ReviewItem) -> None:
         self.items.setdefault(item.item_id, item)

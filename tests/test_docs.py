@@ -27,6 +27,7 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 EXTERNAL_DIRS = ("helm/",)
 FRAGMENT_BASE = {"tasks": [{"name": "example", "endpoint": {"model": "m"}}]}
 SECRET_FILE_KEYS = {"api_key_file", "token_file", "password_file"}
+KEY_VALUE_FILE_KEYS = {"headers_file"}  # key=value lines (otel.headers_file)
 TLS_FILE_KEYS = {"ca_file": "ca", "cert_file": "client_cert", "key_file": "client_key"}
 """Kafka TLS files in examples: pointed at a throwaway CA and client certificate."""
 
@@ -46,7 +47,11 @@ def _secret_files(node: Any, tmp_path: Path) -> Any:
     if isinstance(node, dict):
         out = {}
         for key, value in node.items():
-            if key in SECRET_FILE_KEYS and isinstance(value, str):
+            if key in KEY_VALUE_FILE_KEYS and isinstance(value, str):
+                f = tmp_path / f"secret-{len(list(tmp_path.iterdir()))}"
+                f.write_text("authorization=Bearer s3cret-value\n")
+                out[key] = str(f)
+            elif key in SECRET_FILE_KEYS and isinstance(value, str):
                 f = tmp_path / f"secret-{len(list(tmp_path.iterdir()))}"
                 f.write_text("s3cret-value\n")
                 out[key] = str(f)

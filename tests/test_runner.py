@@ -25,7 +25,7 @@ async def test_answer_pattern_wraps_the_canonicalizer() -> None:
     try:
         classes = await task.canonicalizer.canonicalize_many(["3 steps. Final: 42.0", "no final"])
         assert classes == ["42", "<INVALID>"]
-        assert task.rule.name == "runner-up" and task.rule.k_max == 20
+        assert task.rule.name == "truncated" and task.rule.k_max == 20
     finally:
         await task.client.aclose()
 

@@ -55,7 +55,7 @@ from adapters.kafka.connection import CONNECT_ERRORS, KafkaUnavailableError
 from monitor.core.errors import ConfigError, InputError
 from monitor.core.failures import internal_error
 from monitor.core.review import ReviewItem, Verdict, parse_verdict
-from monitor.engine.ports import CalibrationRecord
+from monitor.engine.ports import CalibrationRecord, Judgement
 from monitor.engine.verdicts import calibration_record, ranks_beyond_candidates
 
 __all__ = [
@@ -280,6 +280,14 @@ class KafkaCalibrationStore:
 
     async def recent_item_ids(self, limit: int) -> list[str]:
         """None: every replayed review item is known to :meth:`has_review_item`."""
+        return []
+
+    async def save_judgement(self, judgement: Judgement) -> int:
+        """Judge labels are not kept on Kafka (``tasks[].judge`` needs review.backend
+        http; ``check-config`` says so): nothing is stored."""
+        return 0
+
+    async def load_judgements(self, since: float) -> list[Judgement]:
         return []
 
     async def get_review_item(self, item_id: str) -> ReviewItem | None:

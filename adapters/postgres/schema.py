@@ -11,9 +11,29 @@ from typing import Any, Final
 
 from monitor.core.errors import ConfigError
 
-__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "migrate", "pending_migrations"]
+__all__ = [
+    "JUDGE_LOCK",
+    "LEASE_LOCK",
+    "MIGRATIONS",
+    "SCHEMA_VERSION",
+    "SEQ_LOCK",
+    "VERDICT_CHANNEL",
+    "migrate",
+    "pending_migrations",
+]
 
 _LOCK_KEY: Final = 0x72656C6D6F6E  # "relmon": one advisory lock for migrations
+SEQ_LOCK: Final = 0x72656C736571
+"""The transaction-level advisory lock that numbers the verdicts; review items, held
+verdicts and their undo take it too, so that which verdict of an item counts first is
+decided in one order."""
+LEASE_LOCK: Final = 0x726C
+JUDGE_LOCK: Final = 0x726C6A75646765
+"""Advisory lock that numbers judge labels (gapless, in commit order, like verdicts)."""
+"""With a reviewer's hash, the advisory lock that serializes that reviewer's leasing
+(the per-reviewer cap is counted and kept under it)."""
+VERDICT_CHANNEL: Final = "relmon_verdicts"
+"""The NOTIFY channel: a verdict's number, sent in the transaction that stores it."""
 
 MIGRATIONS: Final[tuple[tuple[int, str], ...]] = (
     (
@@ -57,6 +77,27 @@ CREATE TABLE held_verdicts (
     claimed BOOLEAN NOT NULL DEFAULT FALSE,
     holder TEXT
 );
+""",
+    ),
+    (
+        3,
+        """
+ALTER TABLE review_items ADD COLUMN lease_owner TEXT;
+CREATE INDEX review_items_lease_owner ON review_items (lease_owner) WHERE pending;
+""",
+    ),
+    (
+        4,
+        """
+CREATE TABLE judgements (
+    seq BIGINT PRIMARY KEY,
+    item_id TEXT NOT NULL UNIQUE,
+    model TEXT NOT NULL,
+    task TEXT NOT NULL,
+    sampled_at DOUBLE PRECISION NOT NULL,
+    acceptable BOOLEAN NOT NULL
+);
+CREATE INDEX judgements_by_age ON judgements (sampled_at);
 """,
     ),
 )

@@ -30,25 +30,48 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
+from adapters.postgres.export import VerdictExport
 from adapters.postgres.leases import ReviewPageTables, verdict_of
-from adapters.postgres.schema import migrate, pending_migrations
+from adapters.postgres.notify import listen_for_verdicts
+from adapters.postgres.schema import (
+    JUDGE_LOCK,
+    SEQ_LOCK,
+    VERDICT_CHANNEL,
+    migrate,
+    pending_migrations,
+)
 from monitor.core.errors import ConfigError, InputError, StoreError
-from monitor.core.review import ReviewItem, Verdict
+from monitor.core.review import ReviewItem, Verdict, same_judgement
 from monitor.engine.ports import (
     CalibrationRecord,
     CalibrationStore,
     Clock,
+    Judgement,
     ReviewQueue,
+    SharedStore,
     SystemClock,
 )
 
 __all__ = ["PostgresStore", "diagnose"]
 
 _T = TypeVar("_T")
-_SEQ_LOCK: Final = 0x72656C736571  # one advisory lock numbers the verdicts
 _RECORD_COLUMNS: Final = (
     "model, task, item_id, score, inclusion_probability, sampled_at, seq, aci_miss"
 )
+
+
+_JUDGEMENT_COLUMNS: Final = "item_id, model, task, sampled_at, acceptable, seq"
+
+
+def _judgement(row: Any) -> Judgement:
+    return Judgement(
+        item_id=str(row["item_id"]),
+        model=str(row["model"]),
+        task=str(row["task"]),
+        sampled_at=float(row["sampled_at"]),
+        acceptable=bool(row["acceptable"]),
+        seq=int(row["seq"]),
+    )
 
 
 def _record(row: Any) -> CalibrationRecord:
@@ -80,12 +103,14 @@ def _store_error(exc: Exception) -> StoreError:
     )
 
 
-class PostgresStore(ReviewPageTables):
+class PostgresStore(ReviewPageTables, VerdictExport):
     """Review items, verdicts and scored records in PostgreSQL. Close with :meth:`aclose`."""
 
-    def __init__(self, pool: Any, *, clock: Clock | None = None) -> None:
+    def __init__(self, pool: Any, *, clock: Clock | None = None, dsn: str | None = None) -> None:
         self._pool = pool
         self._clock = clock or SystemClock()
+        self._dsn = dsn
+        """Where :meth:`listen` connects (None: no notices, the followers poll)."""
 
     @classmethod
     async def open(
@@ -106,7 +131,7 @@ class PostgresStore(ReviewPageTables):
         except BaseException:
             await pool.close()
             raise
-        return cls(pool, clock=clock)
+        return cls(pool, clock=clock, dsn=dsn)
 
     async def _run(self, fn: Callable[[Any], Awaitable[_T]]) -> _T:
         try:
@@ -126,7 +151,7 @@ class PostgresStore(ReviewPageTables):
             # Under the verdicts' lock: a verdict stored at the same moment by another
             # replica is seen (the item is then not pending), never missed.
             async with conn.transaction():
-                await conn.execute("SELECT pg_advisory_xact_lock($1)", _SEQ_LOCK)
+                await conn.execute("SELECT pg_advisory_xact_lock($1)", SEQ_LOCK)
                 await _insert_item(conn)
 
         async def _insert_item(conn: Any) -> None:
@@ -208,8 +233,10 @@ class PostgresStore(ReviewPageTables):
     async def save_record(
         self, record: CalibrationRecord, verdict: Verdict
     ) -> tuple[int, ...] | None:
-        """Persist a scored verdict; ``None`` if the item already had one (the first
-        stored verdict counts). Returns ``(seq,)``, the verdict's number."""
+        """Persist a scored verdict; ``None`` if the item already had one, or if a
+        verdict that judges it otherwise is held for it on the review page (the first
+        stored verdict counts, held or applied). Returns ``(seq,)``, the verdict's
+        number, announced on :data:`~adapters.postgres.schema.VERDICT_CHANNEL`."""
         if verdict.item_id != record.item_id:
             raise InputError(f"verdict for {verdict.item_id!r} saved with {record.item_id!r}")
         if math.isnan(record.score) or record.score < 1:
@@ -220,7 +247,12 @@ class PostgresStore(ReviewPageTables):
 
         async def insert(conn: Any) -> tuple[int, ...] | None:
             async with conn.transaction():
-                await conn.execute("SELECT pg_advisory_xact_lock($1)", _SEQ_LOCK)
+                await conn.execute("SELECT pg_advisory_xact_lock($1)", SEQ_LOCK)
+                held = await conn.fetchval(
+                    "SELECT verdict FROM held_verdicts WHERE item_id = $1", record.item_id
+                )
+                if held is not None and not same_judgement(verdict_of(str(held)), verdict):
+                    return None  # a page verdict held for the item counts first
                 seq = await conn.fetchval(
                     "INSERT INTO records (item_id, model, task, score, inclusion_probability, "
                     "sampled_at, verdict, applied_at, seq, aci_miss) "
@@ -241,6 +273,8 @@ class PostgresStore(ReviewPageTables):
                 await conn.execute(
                     "UPDATE review_items SET pending = FALSE WHERE item_id = $1", record.item_id
                 )
+                # Delivered at commit: the other replicas' followers wake at once.
+                await conn.execute("SELECT pg_notify($1, $2)", VERDICT_CHANNEL, str(seq))
                 return (int(seq),)
 
         return await self._run(insert)
@@ -260,6 +294,47 @@ class PostgresStore(ReviewPageTables):
         )
         return None if row is None else _record(row)
 
+    async def save_judgement(self, judgement: Judgement) -> int:
+        """Persist a judge label once per item id; its ``seq`` (0: it was there). Numbered
+        under a lock, so followers reading ``seq > n`` never miss one committed later."""
+        j = judgement
+
+        async def insert(conn: Any) -> int:
+            async with conn.transaction():
+                await conn.execute("SELECT pg_advisory_xact_lock($1)", JUDGE_LOCK)
+                seq = await conn.fetchval(
+                    "INSERT INTO judgements (seq, item_id, model, task, sampled_at, acceptable) "
+                    "SELECT coalesce(max(seq), 0) + 1, $1, $2, $3, $4, $5 FROM judgements "
+                    "ON CONFLICT (item_id) DO NOTHING RETURNING seq",
+                    j.item_id,
+                    j.model,
+                    j.task,
+                    j.sampled_at,
+                    j.acceptable,
+                )
+                return 0 if seq is None else int(seq)
+
+        return await self._run(insert)
+
+    async def load_judgements(self, since: float) -> Sequence[Judgement]:
+        """The judge labels of items sampled at or after ``since``, in ``seq`` order."""
+        rows = await self._run(
+            lambda conn: conn.fetch(
+                f"SELECT {_JUDGEMENT_COLUMNS} FROM judgements WHERE sampled_at >= $1 ORDER BY seq",
+                since,
+            )
+        )
+        return [_judgement(r) for r in rows]
+
+    async def judgements_after(self, seq: int) -> list[Judgement]:
+        """The judge labels numbered after ``seq``, in order (every replica's)."""
+        rows = await self._run(
+            lambda conn: conn.fetch(
+                f"SELECT {_JUDGEMENT_COLUMNS} FROM judgements WHERE seq > $1 ORDER BY seq", seq
+            )
+        )
+        return [_judgement(r) for r in rows]
+
     async def load_records(self) -> Sequence[CalibrationRecord]:
         """Every scored verdict in the order they were numbered (``seq``)."""
         return await self.records_after(0)
@@ -273,6 +348,14 @@ class PostgresStore(ReviewPageTables):
             )
         )
         return [_record(r) for r in rows]
+
+    async def listen(self, wake: Callable[[], None], *, retry_s: float = 1.0) -> None:
+        """:class:`~monitor.engine.ports.SharedStore`: call ``wake`` on every stored
+        verdict's notice (``LISTEN`` on a connection of its own, opened again after a
+        loss), until cancelled (:mod:`adapters.postgres.notify`)."""
+        if self._dsn is None:
+            return
+        await listen_for_verdicts(self._dsn, wake, where=_shown(self._dsn), retry_s=retry_s)
 
     async def aclose(self) -> None:
         """Close the connection pool."""
@@ -293,8 +376,8 @@ def _shown(dsn: str) -> str:
 
 if TYPE_CHECKING:
 
-    def _implements(store: PostgresStore) -> tuple[CalibrationStore, ReviewQueue]:
-        return store, store  # mypy checks PostgresStore against both protocols here
+    def _implements(store: PostgresStore) -> tuple[CalibrationStore, ReviewQueue, SharedStore]:
+        return store, store, store  # mypy checks PostgresStore against the protocols here
 
 
 async def diagnose(dsn: str) -> tuple[str | None, list[int]]:

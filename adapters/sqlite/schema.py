@@ -9,7 +9,7 @@ from monitor.core.errors import ConfigError
 
 __all__ = ["SCHEMA_VERSION", "open_database"]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS review_items (
@@ -40,8 +40,18 @@ CREATE UNIQUE INDEX IF NOT EXISTS records_by_seq ON records (seq);
 CREATE TABLE IF NOT EXISTS leases (
     item_id TEXT PRIMARY KEY,
     holder TEXT NOT NULL,
-    expires REAL NOT NULL
+    expires REAL NOT NULL,
+    owner TEXT
 );
+CREATE TABLE IF NOT EXISTS judgements (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    item_id TEXT NOT NULL UNIQUE,
+    model TEXT NOT NULL,
+    task TEXT NOT NULL,
+    sampled_at REAL NOT NULL,
+    acceptable INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS judgements_by_age ON judgements (sampled_at);
 CREATE TABLE IF NOT EXISTS held_verdicts (
     item_id TEXT PRIMARY KEY,
     verdict TEXT NOT NULL,
@@ -79,6 +89,13 @@ def _add_held_holder(conn: sqlite3.Connection) -> None:
         conn.execute("ALTER TABLE held_verdicts ADD COLUMN holder TEXT")
 
 
+def _add_lease_owner(conn: sqlite3.Connection) -> None:
+    """Give an older file's leases the ``owner`` column (NULL: counted for nobody)."""
+    columns = {str(row[1]) for row in conn.execute("PRAGMA table_info(leases)")}
+    if columns and "owner" not in columns:
+        conn.execute("ALTER TABLE leases ADD COLUMN owner TEXT")
+
+
 def open_database(path: str) -> sqlite3.Connection:
     """Open (creating or migrating) the store at ``path``; ConfigError for a newer schema."""
     if path != ":memory:":
@@ -98,6 +115,7 @@ def open_database(path: str) -> sqlite3.Connection:
         _number_schema_1_records(conn)
         _add_aci_miss(conn)
         _add_held_holder(conn)
+        _add_lease_owner(conn)
         for statement in _SCHEMA.split(";"):
             if statement.strip():
                 conn.execute(statement)

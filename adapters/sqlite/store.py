@@ -16,7 +16,8 @@ Schema (version :data:`SCHEMA_VERSION`)::
             applied_at REAL,
             seq INTEGER UNIQUE  -- the order verdicts were applied in: 1, 2, 3, ...
             aci_miss INTEGER  -- the verdict's ACI step: 1 miss, 0 covered, NULL none)
-    leases(item_id TEXT PRIMARY KEY, holder TEXT, expires REAL)
+    leases(item_id TEXT PRIMARY KEY, holder TEXT, expires REAL,
+           owner TEXT (the reviewer behind the holder, for the per-reviewer cap))
     held_verdicts(item_id TEXT PRIMARY KEY, verdict TEXT (Verdict JSON), held_at REAL,
                   due REAL, claimed INTEGER (1 once the flusher has taken it),
                   holder TEXT (who may undo it; NULL: nobody))
@@ -69,6 +70,7 @@ from adapters.sqlite.leases import ReviewPageTables
 from adapters.sqlite.rows import (
     RECORD_COLUMNS,
     aci_column,
+    held_elsewhere,
     next_seq,
     record_of,
     score_column,
@@ -77,7 +79,7 @@ from adapters.sqlite.rows import (
 from adapters.sqlite.schema import SCHEMA_VERSION
 from monitor.core.errors import InputError, StoreError
 from monitor.core.review import ReviewItem, Verdict
-from monitor.engine.ports import CalibrationRecord, CalibrationStore, ReviewQueue
+from monitor.engine.ports import CalibrationRecord, CalibrationStore, Judgement, ReviewQueue
 
 __all__ = ["SCHEMA_VERSION", "ExportedVerdict", "SqliteStore", "StoreError"]
 
@@ -197,7 +199,10 @@ class SqliteStore(ReviewPageTables, VerdictExport):
     async def save_record(
         self, record: CalibrationRecord, verdict: Verdict
     ) -> tuple[int, ...] | None:
-        """Persist a scored verdict; ``None`` if the item already had one (idempotent).
+        """Persist a scored verdict; ``None`` if the item already had one (idempotent),
+        or if a verdict that judges it otherwise is held for it on the review page: the
+        first stored verdict counts, held or applied (the held one itself, applied when
+        due, and one that judges alike are stored).
 
         Returns ``(seq,)``, the verdict's number in the order verdicts were applied.
         ``record.score`` is a rank (>= 1) or ``+inf``; ``+inf`` is stored as NULL.
@@ -209,6 +214,8 @@ class SqliteStore(ReviewPageTables, VerdictExport):
         applied_at = self._clock.time()
 
         def insert(conn: sqlite3.Connection) -> tuple[int, ...] | None:
+            if held_elsewhere(conn, verdict):
+                return None  # a page verdict held for the item counts first
             seq = next_seq(conn)
             cur = conn.execute(
                 "INSERT OR IGNORE INTO records (item_id, model, task, score, "
@@ -261,6 +268,39 @@ class SqliteStore(ReviewPageTables, VerdictExport):
 
         row = await self._run(get)
         return None if row is None else record_of(row)
+
+    async def save_judgement(self, judgement: Judgement) -> int:
+        """Persist a judge label once per item id; its ``seq`` (0: it was there)."""
+        j = judgement
+
+        def insert(conn: sqlite3.Connection) -> int:
+            cur = conn.execute(
+                "INSERT OR IGNORE INTO judgements (item_id, model, task, sampled_at, acceptable) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (j.item_id, j.model, j.task, j.sampled_at, int(j.acceptable)),
+            )
+            return int(cur.lastrowid or 0) if cur.rowcount else 0
+
+        return await self._run(lambda: self._write(insert))
+
+    async def load_judgements(self, since: float) -> Sequence[Judgement]:
+        """The judge labels of items sampled at or after ``since``, in ``seq`` order."""
+
+        def get() -> list[tuple[Any, ...]]:
+            return (
+                self._connection()
+                .execute(
+                    "SELECT item_id, model, task, sampled_at, acceptable, seq FROM judgements "
+                    "WHERE sampled_at >= ? ORDER BY seq",
+                    (since,),
+                )
+                .fetchall()
+            )
+
+        return [
+            Judgement(r[0], r[1], r[2], float(r[3]), bool(r[4]), int(r[5]))
+            for r in await self._run(get)
+        ]
 
     async def load_records(self) -> Sequence[CalibrationRecord]:
         """Every scored verdict in the order they were applied (``seq``)."""

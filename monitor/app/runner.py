@@ -22,6 +22,7 @@ import structlog
 from prometheus_client import CollectorRegistry, generate_latest
 
 from adapters.http.metrics import MetricsServer
+from adapters.http.proxy_metrics import ProxyMetrics
 from adapters.http.review import ReviewServer
 from adapters.http.review_page import ReviewPage
 from adapters.http.traffic import TrafficServer
@@ -32,6 +33,7 @@ from monitor.app.supervision import supervise
 from monitor.app.validation import validate_settings
 from monitor.app.wiring import (
     ReviewBackend,
+    build_otel,
     build_review_auth,
     build_review_backend,
     build_task,
@@ -160,6 +162,7 @@ async def _start_service(
     metrics = Metrics(registry, k_max=max(t.k_max for t in settings.tasks))
     tasks = [build_task(t, metrics) for t in settings.tasks]
     closers.extend(t.client.aclose for t in tasks)
+    closers.extend(t.judge.aclose for t in tasks if t.judge is not None)
     redactor = settings.redaction.redactor()
     # One SSL context for every Kafka client.
     kafka_options = client_options(settings.kafka) if settings.kafka.enabled else {}
@@ -213,6 +216,10 @@ async def _start_service(
     if settings.kafka.enabled:
         await _start_kafka_source(running, metrics, kafka_options)
     _supervise_sources(running, metrics, kafka_options)
+    otel = build_otel(settings, registry, service)
+    if otel is not None:
+        otel.start()
+        closers.append(otel.aclose)
     log.info(
         "relmon_started",
         tasks=[t.name for t in tasks],
@@ -266,6 +273,7 @@ async def _start_review(
                 progress=service.review_progress,
                 lease_s=settings.review.lease_s,
                 undo_s=settings.review.undo_s,
+                max_leases=settings.review.max_leases_per_reviewer,
             ),
         )
         await _listen(
@@ -294,16 +302,28 @@ async def _start_traffic(running: Running, metrics: Metrics) -> None:
     if settings.traffic.mode == "off":
         return
     metrics.init_source(settings.traffic.mode)
-    header = settings.traffic.task_header
+    header, traffic = settings.traffic.task_header, settings.traffic
+
+    def skip(source: str, task: str | None, event_id: str) -> bool:
+        """The fast path: decided before the event is parsed (its model unknown if no task)."""
+        if task is not None:
+            return service.skip_unsampled(source, task, None, event_id)
+        return service.admission.skip_unsampled_any_model(source, event_id)
+
     running.traffic_server = TrafficServer(
         sink=service.offer,
         reject=service.reject,
         task_resolver=lambda h, p, b: service.resolve_task_name(h, p, b, header),
         mode=settings.traffic.mode,
-        host=settings.traffic.host,
-        port=settings.traffic.port,
-        upstream_url=settings.traffic.upstream_url,
-        max_body_bytes=settings.traffic.max_body_bytes,
+        host=traffic.host,
+        port=traffic.port,
+        upstream_url=traffic.upstream_url,
+        max_body_bytes=traffic.max_body_bytes,
+        upstream_timeout_s=traffic.upstream_read_timeout_s,
+        upstream_connect_timeout_s=traffic.upstream_connect_timeout_s,
+        upstream_max_connections=traffic.upstream_pool_size,
+        skip=skip,
+        metrics=ProxyMetrics(running.registry) if traffic.mode == "proxy" else None,
     )
     await _listen(
         "traffic", settings.traffic.host, settings.traffic.port, running.traffic_server.start
@@ -328,6 +348,7 @@ async def _start_kafka_source(
         service.reject,
         max_event_bytes=kafka.max_event_bytes,
         lag_gauge=metrics.kafka_consumer_lag,
+        skip=service.skip_unsampled,
         **kafka_options,
         **group_options(kafka),
     )

@@ -199,6 +199,27 @@ def _kafka_problems(kafka: KafkaSettings) -> tuple[list[str], list[str]]:
     return problems, warnings
 
 
+def _judge_problems(where: str, t: TaskSettings, settings: Settings) -> list[str]:
+    """``tasks[].judge``: its template and key readable; a backend that keeps its labels."""
+    if t.judge is None:
+        return []
+    problems: list[str] = []
+    if settings.review.backend == "kafka":
+        problems.append(
+            f"{where}.judge: the judge-assisted level needs review.backend: http (with store "
+            "sqlite or postgres, which keep the judge's labels); the Kafka review backend "
+            "does not keep them yet"
+        )
+    for read in (t.judge.template, t.judge.endpoint.resolved_api_key):
+        try:
+            read()
+        except ConfigError as exc:
+            problems.append(
+                f"{where}.{exc}".replace(".endpoint.api_key", ".judge.endpoint.api_key")
+            )
+    return problems
+
+
 def _task_problems(i: int, t: TaskSettings, settings: Settings) -> list[str]:
     """The problems of task ``i``, each naming its field."""
     problems: list[str] = []
@@ -217,6 +238,7 @@ def _task_problems(i: int, t: TaskSettings, settings: Settings) -> list[str]:
         except ConfigError as exc:
             problems.append(f"{where}.{exc}")
     problems += _canonicalizer_problems(where, t)
+    problems += _judge_problems(where, t, settings)
     for kind, count in t.endpoint.retry_limits().items():
         if count > MAX_RETRIES_PER_OUTCOME:
             field = (
@@ -367,6 +389,11 @@ def validate_settings(settings: Settings, *, review_token: str | None = None) ->
         problems += kafka_problems
     problems += _secret_problems(settings, review_token)
     problems += _store_problems(settings)
+    if settings.otel.enabled:
+        try:
+            settings.otel.resolved_headers()
+        except ConfigError as exc:
+            problems.append(str(exc))
     if problems:
         raise ConfigError("\n".join(f"{settings._source}: {p}" for p in problems))
     return [f"{settings._source}: {w}" for w in [*kafka_warnings, *budget_warnings(settings)]]

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import structlog
+from prometheus_client import CollectorRegistry
 
 from adapters.canon.registry import get_async_canonicalizer
 from adapters.http.review_auth import ReviewAuth
@@ -28,9 +29,12 @@ from adapters.kafka.review import (
     start_producer,
 )
 from adapters.openai.client import OUTCOMES, OpenAIClient
+from adapters.otel.exporter import OtelExporter
 from adapters.postgres.store import PostgresStore
 from adapters.sqlite.store import SqliteStore
 from monitor.config import Settings, TaskSettings
+from monitor.config.endpoint import EndpointSettings
+from monitor.config.judge import JudgeSettings
 from monitor.core.canon import get_canonicalizer
 from monitor.core.canon.base import Canonicalizer
 from monitor.core.canon.toolcall import PlainAnswersOnly
@@ -39,14 +43,18 @@ from monitor.core.stopping import get_stopping_rule
 from monitor.engine.metrics import Metrics
 from monitor.engine.ports import CalibrationStore, ReviewQueue
 from monitor.engine.runtime import TaskRuntime
+from monitor.engine.service import MonitorService
 from monitor.engine.verdicts import VerdictScorer
 
 __all__ = [
     "QUERY_HASH_KEY_FILE",
     "ReviewBackend",
+    "build_judge",
+    "build_otel",
     "build_review_auth",
     "build_review_backend",
     "build_task",
+    "endpoint_client",
     "query_hash_key",
 ]
 
@@ -109,19 +117,12 @@ def build_task(task: TaskSettings, metrics: Metrics) -> TaskRuntime:
     def outcome(name: str) -> None:
         calls.labels(model, task.name, name).inc()
 
-    client = OpenAIClient(
-        base_url=endpoint.base_url,
-        model=model,
-        api_key=endpoint.resolved_api_key(),
+    client = endpoint_client(
+        endpoint,
+        model,
         temperature=endpoint.temperature,
         max_tokens=endpoint.max_tokens,
-        timeout_s=endpoint.timeout_s,
-        concurrency=endpoint.concurrency,
-        rate_limit_per_s=endpoint.rate_limit_per_s,
         supports_n=endpoint.supports_n,
-        retries=endpoint.retry_limits(),
-        breaker_threshold=endpoint.circuit_breaker.failures,
-        breaker_cooldown_s=endpoint.circuit_breaker.cooldown_s,
         forward=True,  # the engine sends the re-ask of the production request
         on_outcome=outcome,
     )
@@ -136,7 +137,35 @@ def build_task(task: TaskSettings, metrics: Metrics) -> TaskRuntime:
     rule = get_stopping_rule(
         task.stopping_rule, k0=task.k0, k_max=task.k_max, delta=task.delta, futility=task.futility
     )
-    return TaskRuntime(task, canonicalizer, rule, client, sync, client_outcomes=OUTCOMES)
+    runtime = TaskRuntime(task, canonicalizer, rule, client, sync, client_outcomes=OUTCOMES)
+    if task.judge is not None:
+        runtime.judge, runtime.judge_template = build_judge(task.judge), task.judge.template()
+        metrics.init_judge(model, task.name)
+    return runtime
+
+
+def build_judge(judge: JudgeSettings) -> OpenAIClient:
+    """The judge of ``tasks[].judge``: temperature 0, a short reply (its first word)."""
+    assert judge.endpoint.model is not None  # JudgeSettings requires it
+    return endpoint_client(
+        judge.endpoint, judge.endpoint.model, temperature=0.0, max_tokens=judge.max_tokens
+    )
+
+
+def endpoint_client(endpoint: EndpointSettings, model: str, **options: Any) -> OpenAIClient:
+    """A client of ``endpoint`` with its key, timeouts, limits, retries and breaker."""
+    return OpenAIClient(
+        base_url=endpoint.base_url,
+        model=model,
+        api_key=endpoint.resolved_api_key(),
+        timeout_s=endpoint.timeout_s,
+        concurrency=endpoint.concurrency,
+        rate_limit_per_s=endpoint.rate_limit_per_s,
+        retries=endpoint.retry_limits(),
+        breaker_threshold=endpoint.circuit_breaker.failures,
+        breaker_cooldown_s=endpoint.circuit_breaker.cooldown_s,
+        **options,
+    )
 
 
 @dataclass
@@ -241,3 +270,17 @@ def build_review_auth(settings: Settings, review_token: str | None = None) -> Re
             "review.token, review.token_file or review.tokens_file"
         )
     return ReviewAuth(token=token, reviewer_tokens=reviewers)
+
+
+def build_otel(
+    settings: Settings, registry: CollectorRegistry, service: MonitorService
+) -> OtelExporter | None:
+    """With ``otel.enabled``: the exporter, told of every verdict this replica stores,
+    its gauges refreshed as a scrape would (``MonitorService.publish``); else None."""
+    if not settings.otel.enabled:
+        return None
+    exporter = OtelExporter(
+        settings.otel, registry, refresh=service.publish, log_prompts=settings.log_prompts
+    )
+    service.calibration.listeners.append(exporter.verdict)
+    return exporter

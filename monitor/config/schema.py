@@ -19,6 +19,7 @@ import os
 import re
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
@@ -26,13 +27,21 @@ from pydantic import (
     Field,
     PrivateAttr,
     SecretStr,
-    ValidationInfo,
     field_validator,
     model_validator,
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from monitor.config.endpoint import (
+    MAX_RETRIES_PER_OUTCOME,
+    CircuitBreakerSettings,
+    EndpointSettings,
+    RetrySettings,
+    _http_url,
+)
 from monitor.config.identity import ReviewIdentitySettings
+from monitor.config.judge import JudgeSettings
+from monitor.config.otel import OtelSettings
 from monitor.config.secrets import read_secret
 from monitor.config.sources import YAML_DATA, IndexedEnvSource, YamlSource
 from monitor.config.store import StoreSettings
@@ -65,92 +74,14 @@ __all__ = [
 DEFAULT_ALPHAS = [0.01, 0.05, 0.10, 0.15, 0.20, 0.25, 0.30]
 
 
-MAX_RETRIES_PER_OUTCOME = 10
-"""The most retries ``validate_settings`` accepts for one outcome (backoff doubles up to
-30 s: more would hold an item, and its reserved budget, for many minutes)."""
-
-
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
-
-
-def _http_url(value: str | None) -> str | None:
-    if value is not None and not value.strip().lower().startswith(("http://", "https://")):
-        raise ValueError("must start with http:// or https://")
-    return value.strip() if value is not None else None
 
 
 def default_state_dir() -> Path:
     """``$XDG_STATE_HOME/relmon``, else ``~/.local/state/relmon`` (the XDG default)."""
     base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return Path(base) / "relmon"
-
-
-class RetrySettings(_Strict):
-    """Retries of one model call, per failed outcome (each counted on its own)."""
-
-    error: int = Field(3, ge=0)  # HTTP 5xx and connection errors
-    timeout: int = Field(3, ge=0)  # the client's timeout, or HTTP 408
-    rate_limited: int = Field(3, ge=0)  # HTTP 429 (Retry-After honoured)
-    invalid: int = Field(2, ge=0)  # a 2xx body that is not a well-formed completion
-
-
-class CircuitBreakerSettings(_Strict):
-    """When the endpoint counts as down: after ``failures`` consecutive failed calls no
-    call is made for ``cooldown_s`` seconds, then one trial call decides."""
-
-    failures: int = Field(5, ge=1)
-    cooldown_s: float = Field(30.0, ge=0, allow_inf_nan=False)
-
-    @field_validator("failures", "cooldown_s", mode="before")
-    @classmethod
-    def _not_a_boolean(cls, v: Any, info: ValidationInfo) -> Any:
-        if isinstance(v, bool):  # pydantic would read true as 1
-            kind = "an integer" if info.field_name == "failures" else "a number of seconds"
-            raise ValueError(f"must be {kind}, got {str(v).lower()}")
-        return v
-
-
-class EndpointSettings(_Strict):
-    """The OpenAI-compatible endpoint the re-issuer asks again."""
-
-    base_url: str = "http://127.0.0.1:8000/v1"
-    model: str | None = None  # required unless the task's match.model names it
-    api_key: SecretStr | None = None
-    api_key_file: Path | None = None  # e.g. a mounted Kubernetes Secret
-    # Only for a request relmon builds itself (an event that carries only messages):
-    # any other re-ask sends the request's own fields (tasks[].reask).
-    temperature: float = Field(0.7, ge=0, le=2)
-    max_tokens: int = Field(256, ge=1)
-    timeout_s: float = Field(30.0, gt=0)
-    concurrency: int = Field(4, ge=1)
-    rate_limit_per_s: float | None = Field(None, gt=0)
-    supports_n: bool = False
-    max_retries: int | None = Field(None, ge=0)  # older form: error, timeout, rate_limited
-    retries: RetrySettings = RetrySettings()
-    circuit_breaker: CircuitBreakerSettings = CircuitBreakerSettings()
-
-    def retry_limits(self) -> dict[str, int]:
-        """Retries per outcome: ``retries``, where not set there ``max_retries`` (if set)."""
-        limits = self.retries.model_dump()
-        if self.max_retries is not None:
-            for kind in ("error", "timeout", "rate_limited"):
-                if kind not in self.retries.model_fields_set:
-                    limits[kind] = self.max_retries
-        return limits
-
-    @field_validator("base_url")
-    @classmethod
-    def _base_url_scheme(cls, v: str) -> str:
-        return _http_url(v) or v
-
-    def resolved_api_key(self) -> str | None:
-        """``api_key``, else the contents of ``api_key_file``, else None."""
-        if self.api_key is not None:
-            return self.api_key.get_secret_value()
-        if self.api_key_file is not None:
-            return read_secret(self.api_key_file, "endpoint.api_key_file")
-        return None
 
 
 class ReaskSettings(_Strict):
@@ -186,6 +117,7 @@ class TaskSettings(_Strict):
     answer_pattern: str | None = None  # a regex applied before the canonicalizer
     endpoint: EndpointSettings = EndpointSettings()
     reask: ReaskSettings = ReaskSettings()
+    judge: JudgeSettings | None = None  # judge-assisted level (PPI); off by default
     k_max: int = Field(20, ge=1, le=200)
     k0: int = Field(3, ge=1)
     delta: float = Field(0.05, gt=0, lt=1)
@@ -262,6 +194,10 @@ class TrafficSettings(_Strict):
     upstream_url: str | None = None
     task_header: str = "X-Relmon-Task"
     max_body_bytes: int = Field(1_048_576, ge=1024)
+    upstream_connect_timeout_s: float = Field(5.0, gt=0)  # proxy: opening a connection
+    upstream_read_timeout_s: float = Field(60.0, gt=0)  # proxy: no byte from the upstream
+    upstream_pool_size: int = Field(256, ge=1)  # proxy: connections to the upstream at most
+    uvloop: bool = True  # run relmon on uvloop (false: asyncio's own event loop)
 
     @field_validator("mode", mode="before")
     @classmethod
@@ -271,7 +207,19 @@ class TrafficSettings(_Strict):
     @field_validator("upstream_url")
     @classmethod
     def _upstream_scheme(cls, v: str | None) -> str | None:
-        return _http_url(v)
+        v = _http_url(v)
+        parts = urlsplit(v) if v is not None else None
+        if parts is not None and (parts.path.rstrip("/") or parts.query or parts.fragment):
+            # A path would be joined in front of every request's own path: a client that
+            # calls relmon at .../v1/chat/completions would reach /v1/v1/... upstream.
+            extra = v[len(f"{parts.scheme}://{parts.netloc}") :]  # type: ignore[index]
+            raise ValueError(
+                f"give the upstream's origin only (scheme, host, port), without {extra!r}: "
+                "the proxy forwards each request's own path and query unchanged, so a "
+                "client calling relmon at .../v1/chat/completions reaches the upstream at "
+                ".../v1/chat/completions"
+            )
+        return v
 
     @model_validator(mode="after")
     def _proxy_needs_upstream(self) -> TrafficSettings:
@@ -353,6 +301,9 @@ class ReviewSettings(ReviewIdentitySettings):
     """How long an item handed to a reviewer is kept from the others."""
     undo_s: float = Field(10.0, ge=0, le=3600)
     """How long a verdict from the review page can be undone before it is applied."""
+    max_leases_per_reviewer: int = Field(20, ge=1, le=100_000)
+    """Items one reviewer may hold leased at once (every replica together); one more is
+    answered 429. Everyone on the shared token counts as one reviewer."""
 
     def resolved_token(self) -> str | None:
         """``token``, else the contents of ``token_file`` (both: validate_settings refuses)."""
@@ -423,6 +374,7 @@ class Settings(BaseSettings):
     store: StoreSettings = StoreSettings()
     kafka: KafkaSettings = KafkaSettings()
     budget: BudgetSettings = BudgetSettings()
+    otel: OtelSettings = OtelSettings()
     review_token: SecretStr | None = None  # RELMON_REVIEW_TOKEN
     redaction: RedactionSettings = RedactionSettings()
     query_hash_key: SecretStr | None = None  # else query_hash_key_file, else state_dir

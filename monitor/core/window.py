@@ -119,6 +119,10 @@ class CalibrationWindow:
     def __contains__(self, item_id: object) -> bool:
         return item_id in self._entries
 
+    def entries(self) -> list[tuple[str, float, float, float]]:
+        """``(item_id, score, sampled_at, inclusion probability)`` of every item held."""
+        return [(e.item_id, e.score, e.t, e.pi) for e in self._entries.values()]
+
     # ----------------------------------------------------------------- internals
 
     def _reference(self, t_max: float) -> float:

@@ -10,7 +10,7 @@ guarantee (was the score within the threshold in force when the item was scored?
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import structlog
@@ -20,20 +20,28 @@ from monitor.core.conformal import AdaptiveAlpha
 from monitor.core.errors import InputError
 from monitor.core.review import ReviewItem, TaskProgress, Verdict, minimum_calibration_items
 from monitor.core.window import CalibrationWindow, WindowSnapshot
+from monitor.engine.judged import JUDGED_PER_WINDOW, JudgedItems
 from monitor.engine.metrics import Metrics
 from monitor.engine.ports import (
     CalibrationRecord,
     CalibrationStore,
     Clock,
+    Judgement,
     SharedStore,
     VerdictOutcome,
 )
 from monitor.engine.runtime import TaskRuntime
 from monitor.engine.verdicts import VerdictScorer, calibration_record, ranks_beyond_candidates
 
-__all__ = ["Calibration", "WindowState"]
+__all__ = ["PPI_EVERY_S", "Calibration", "VerdictListener", "WindowState"]
 
 log = structlog.get_logger("relmon")
+
+PPI_EVERY_S = 1.0
+"""The prediction-powered gauges are recomputed at most this often."""
+
+VerdictListener = Callable[[ReviewItem, Verdict, CalibrationRecord], None]
+"""Told of each verdict this replica stored (not of those it follows): the OTel export."""
 
 
 @dataclass
@@ -48,6 +56,9 @@ class WindowState:
     detector: EDetector | None = None
     aci: AdaptiveAlpha | None = None
     """With ACI on: the counts behind the adaptive alpha_t served for the target's sets."""
+    judged: JudgedItems | None = None
+    """With ``tasks[].judge``: the judge's labels (the prediction-powered level)."""
+    ppi_at: float = -math.inf
 
     @property
     def aci_alpha(self) -> float | None:
@@ -74,6 +85,9 @@ class Calibration:
         self.windows: dict[tuple[str, str], WindowState] = {}
         self.loaded_through = 0
         """The highest first order key :meth:`load` read (a shared store's ``seq``)."""
+        self.listeners: list[VerdictListener] = []
+        self.judged_through = 0
+        """The highest judge label number seen (a shared store's follower goes on from it)."""
 
     def state(self, model: str, task: TaskRuntime) -> WindowState:
         key = (model, task.name)
@@ -93,6 +107,11 @@ class Calibration:
                 aci=(
                     AdaptiveAlpha(task.target_alpha, s.aci_gamma)
                     if s.aci_gamma is not None
+                    else None
+                ),
+                judged=(
+                    JudgedItems(JUDGED_PER_WINDOW * s.window_size)
+                    if task.judge is not None
                     else None
                 ),
             )
@@ -116,6 +135,39 @@ class Calibration:
     def _publish_window(self, model: str, name: str, state: WindowState) -> None:
         self.metrics.publish(model, name, self.snapshot(model, name), self.tasks[name].alphas)
         self.metrics.review_queue_depth.labels(model, name).set(state.pending_reviews)
+        now = self.clock.time()
+        if state.judged is not None and now - state.ppi_at >= PPI_EVERY_S:
+            # O(labels) each time: at most once a second, however fast verdicts come.
+            state.ppi_at = now
+            self.metrics.publish_ppi(model, name, state.judged.estimate(state.window, now))
+
+    def note_judgement(self, judgement: Judgement) -> bool:
+        """A judge label (this replica's, loaded, or another replica's); False if the
+        item was labelled already or its task has no judge here."""
+        self.judged_through = max(self.judged_through, judgement.seq)
+        task = self.tasks.get(judgement.task)
+        if task is None or task.judge is None:
+            return False
+        state = self.state(judgement.model, task)
+        return state.judged is not None and state.judged.add(judgement)
+
+    @property
+    def judges(self) -> bool:
+        """Whether any task has a judge (``tasks[].judge``)."""
+        return any(t.judge is not None for t in self.tasks.values())
+
+    async def load_judgements(self) -> int:
+        """The judge labels still weighing in the windows (the last 20 half-lives)."""
+        judged = [t for t in self.tasks.values() if t.judge is not None]
+        if not judged:
+            return 0
+        lives = [t.settings.half_life_s for t in judged]
+        since = 0.0 if None in lives else self.clock.time() - 20 * max(h or 0 for h in lives)
+        loaded = sum(self.note_judgement(j) for j in await self.store.load_judgements(since))
+        for (model, name), state in self.windows.items():
+            if state.judged is not None:
+                self._publish_window(model, name, state)
+        return loaded
 
     async def load(self) -> int:
         """Rebuild the windows from the store; returns how many records were loaded."""
@@ -190,13 +242,25 @@ class Calibration:
         score = self.scorer(item, verdict)
         state = self.state(item.model, task)
         order = await self.store.save_record(calibration_record(item, score), verdict)
-        if order is None or item.item_id in state.window:
+        if order is None:
             # The item keeps its first verdict: answer with the score that one gave.
             stored = await self.store.get_record(item.item_id)
             self.metrics.reviews.labels(item.model, item.task, "duplicate").inc()
             return VerdictOutcome("duplicate", score=score if stored is None else stored.score)
-        self._applied(state, item, verdict, calibration_record(item, score, order=order), task)
+        record = calibration_record(item, score, order=order)
+        if item.item_id not in state.window:  # else a shared store's follower, woken by
+            # the store's notice of this very verdict, applied (and counted) it already
+            self._applied(state, item, verdict, record, task)
+        self._tell(item, verdict, record)
         return VerdictOutcome("applied", score=score)
+
+    def _tell(self, item: ReviewItem, verdict: Verdict, record: CalibrationRecord) -> None:
+        """The listeners, after the verdict is stored: one failing never undoes it."""
+        for listener in self.listeners:
+            try:
+                listener(item, verdict, record)
+            except Exception as exc:  # a bug in a listener: the verdict stands
+                log.error("verdict_listener_failed", item=item.item_id, error=repr(exc))
 
     def _applied(
         self,
@@ -225,8 +289,8 @@ class Calibration:
             return False
         item = await shared.get_review_item(record.item_id)
         verdict = await shared.get_verdict(record.item_id)
-        if item is None or verdict is None:
-            return False
+        if item is None or verdict is None or record.item_id in state.window:
+            return False  # (in the window now: applied here while this read the store)
         self._applied(state, item, verdict, record, task)
         return True
 

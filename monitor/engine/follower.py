@@ -24,7 +24,9 @@ log = structlog.get_logger("relmon")
 
 
 class VerdictFollower:
-    """Reads ``records_after(last seq)`` every ``sync_s`` and applies what is new."""
+    """Reads ``records_after(last seq)`` when the store announces a verdict
+    (:meth:`~monitor.engine.ports.SharedStore.listen`, PostgreSQL's LISTEN/NOTIFY), and
+    every ``sync_s`` whatever happens to the notices, and applies what is new."""
 
     source_name = "store"
 
@@ -33,12 +35,15 @@ class VerdictFollower:
         self._calibration = calibration
         self._sync_s = sync_s
         self._last = 0
+        self._judged_last = 0
         self._started = False
         self._closed = False
         self._failed = False
         self._wake = asyncio.Event()
         self.followed = 0
         """Verdicts of other replicas applied here."""
+        self.notices = 0
+        """Wake-ups by the store's notices (and one per listener connection)."""
 
     @property
     def connected(self) -> bool:
@@ -59,6 +64,7 @@ class VerdictFollower:
     def start(self, last_seq: int) -> None:
         """Follow from ``last_seq`` (the highest number the loaded windows hold)."""
         self._last = last_seq
+        self._judged_last = self._calibration.judged_through  # the labels loaded
         self._started = True
 
     async def sync(self) -> int:
@@ -69,6 +75,13 @@ class VerdictFollower:
                 new += 1
             self._last = max(self._last, record.order[0] if record.order else self._last)
         self.followed += new
+        # Judge labels (tasks[].judge): every replica's, for the prediction-powered level.
+        if self._calibration.judges:
+            # Its own cursor: a label stored here may be numbered after one of another
+            # replica's that this has not read yet.
+            for judgement in await self._store.judgements_after(self._judged_last):
+                self._calibration.note_judgement(judgement)
+                self._judged_last = max(self._judged_last, judgement.seq)
         # The shared queue's depth: every replica's review items, waiting.
         self._calibration.set_pending(await self._store.pending_counts())
         return new
@@ -76,15 +89,33 @@ class VerdictFollower:
     async def run(self) -> None:
         if not self._started:
             raise StateError("VerdictFollower is not started")
-        while not self._closed:
-            try:
-                await self.sync()
-            except RelmonError:
-                self._failed = True
-                raise
-            self._wake.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self._sync_s)
+        listener = asyncio.create_task(self._listen(), name="relmon-store-listen")
+        try:
+            while not self._closed:
+                self._wake.clear()  # before reading: a notice during the read wakes again
+                try:
+                    await self.sync()
+                except RelmonError:
+                    self._failed = True
+                    raise
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self._sync_s)
+        finally:
+            listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await listener
+
+    async def _listen(self) -> None:
+        """Wake the loop on the store's notices; polling goes on if they fail."""
+        try:
+            await self._store.listen(self.wake)
+        except Exception as exc:  # the listener's own failures: polling is the fallback
+            log.warning("store_listen_stopped", error=f"{type(exc).__name__}: {exc}")
+
+    def wake(self) -> None:
+        """Read the store now (a verdict was announced)."""
+        self.notices += 1
+        self._wake.set()
 
     async def restart(self) -> None:
         await self.sync()  # raises while the store is still unreachable

@@ -23,10 +23,12 @@ from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
+from monitor.core.ppi import PPIEstimate
 from monitor.core.window import WindowSnapshot
 
 __all__ = [
     "ITEM_OUTCOMES",
+    "JUDGE_OUTCOMES",
     "REJECTED_VERDICT_REASONS",
     "TOP_ANSWER_OUTCOMES",
     "TRAFFIC_DECISIONS",
@@ -38,6 +40,8 @@ TRAFFIC_DECISIONS: Final = ("sampled", "skipped", "duplicate", "dropped", "rejec
 """``relmon_traffic_events_total{decision}`` values (see :data:`monitor.engine.ports.Decision`)."""
 ITEM_OUTCOMES: Final = ("scored", "abandoned", "interrupted")
 """``relmon_items_total{outcome}`` values."""
+JUDGE_OUTCOMES: Final = ("acceptable", "not_acceptable", "unusable", "error")
+"""``relmon_judge_labels_total{outcome}`` values."""
 VERDICT_KINDS: Final = ("accepted", "none", "duplicate", "invalid")
 """``relmon_reviews_total{verdict}`` values: verdicts on a known item, under its labels."""
 REJECTED_VERDICT_REASONS: Final = ("unknown", "invalid")
@@ -63,6 +67,37 @@ class Metrics:
         self._item_metrics(registry, k_max)
         self._traffic_and_review_metrics(registry)
         self._check_and_health_metrics(registry)
+        self._judge_metrics(registry)
+
+    def _judge_metrics(self, registry: CollectorRegistry) -> None:
+        """Judge-assisted calibration (``tasks[].judge``): absent for tasks without one."""
+        mt = ("model", "task")
+        self.reliability_level_ppi = Gauge(
+            "relmon_reliability_level_ppi",
+            "Prediction-powered estimate of P(top answer acceptable): the judge's labels of "
+            "every scored item corrected by the human verdicts (valid whatever the judge's bias).",
+            mt,
+            registry=registry,
+        )
+        self.reliability_lower_bound_ppi = Gauge(
+            "relmon_reliability_lower_bound_ppi",
+            "One-sided 95% prediction-powered lower bound on P(top answer acceptable).",
+            mt,
+            registry=registry,
+        )
+        self.judge_agreement = Gauge(
+            "relmon_judge_agreement",
+            "Share of human-reviewed items (weighted 1/pi) where the judge agreed with the human.",
+            mt,
+            registry=registry,
+        )
+        self.judge_labels = Counter(
+            "relmon_judge_labels",
+            "Items the judge was asked about, by outcome: acceptable, not_acceptable, "
+            "unusable (a reply that says neither), error (the call failed).",
+            (*mt, "outcome"),
+            registry=registry,
+        )
 
     def _calibration_metrics(self, registry: CollectorRegistry) -> None:
         mt = ("model", "task")
@@ -305,6 +340,28 @@ class Metrics:
         self.reliability_alarm.labels(model, task)
         self.circuit_open.labels(model, task)
         self.review_submit_failures.labels(model, task)
+
+    def init_judge(self, model: str, task: str) -> None:
+        """A judged task's label counters at 0."""
+        for outcome in JUDGE_OUTCOMES:
+            self.judge_labels.labels(model, task, outcome)
+
+    def publish_ppi(self, model: str, task: str, estimate: PPIEstimate | None) -> None:
+        """The prediction-powered gauges; absent while there is no estimate (too few
+        reviewed items with a judge label)."""
+        gauges = (
+            self.reliability_level_ppi,
+            self.reliability_lower_bound_ppi,
+            self.judge_agreement,
+        )
+        if estimate is None:
+            for gauge in gauges:
+                with contextlib.suppress(KeyError):
+                    gauge.remove(model, task)
+            return
+        self.reliability_level_ppi.labels(model, task).set(estimate.level)
+        self.reliability_lower_bound_ppi.labels(model, task).set(estimate.lower_bound)
+        self.judge_agreement.labels(model, task).set(estimate.agreement)
 
     def init_source(self, source: str, *, traffic: bool = True) -> None:
         """Create one configured source's series at 0: its ``relmon_source_restarts_total``

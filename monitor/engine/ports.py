@@ -32,6 +32,8 @@ __all__ = [
     "Clock",
     "Decision",
     "EventSink",
+    "ExportedVerdict",
+    "Judgement",
     "ModelClient",
     "ReviewQueue",
     "SharedStore",
@@ -150,8 +152,43 @@ class CalibrationRecord:
     item had no ACI threshold, no step. Persisted so that a restart restores alpha_t."""
 
 
+@dataclass(frozen=True, slots=True)
+class Judgement:
+    """The LLM judge's label of one scored item (``tasks[].judge``): was its top answer
+    acceptable? Kept for every judged item, reviewed or not."""
+
+    item_id: str
+    model: str
+    task: str
+    sampled_at: float
+    acceptable: bool
+    seq: int = 0
+    """The store's number for it (a shared store: followed in this order); 0 before."""
+
+
+@dataclass(frozen=True, slots=True)
+class ExportedVerdict:
+    """One applied verdict with its review item, as ``relmon verdicts export`` writes it
+    and ``import`` reads it (whichever store holds them)."""
+
+    item: ReviewItem
+    verdict: Verdict
+    score: float
+    applied_at: float
+    aci_miss: bool | None = None
+    """The verdict's ACI step (:attr:`CalibrationRecord.aci_miss`)."""
+
+
 class CalibrationStore(Protocol):
-    """Durable calibration state: review items waiting, and scored verdicts."""
+    """Durable calibration state: review items waiting, scored verdicts, judge labels."""
+
+    async def save_judgement(self, judgement: Judgement) -> int:
+        """Persist a judge label once per item id; its number (0: it was there already)."""
+        ...
+
+    async def load_judgements(self, since: float) -> Sequence[Judgement]:
+        """The judge labels of items sampled at or after ``since``, in their order."""
+        ...
 
     async def save_review_item(self, item: ReviewItem) -> None: ...
 
@@ -205,6 +242,16 @@ class SharedStore(CalibrationStore, Protocol):
         ...
 
     async def get_verdict(self, item_id: str) -> Verdict | None: ...
+
+    async def judgements_after(self, seq: int) -> Sequence[Judgement]:
+        """The judge labels numbered after ``seq``, in order (the other replicas')."""
+        ...
+
+    async def listen(self, wake: Callable[[], None]) -> None:
+        """Call ``wake`` whenever a verdict may have been stored (a notification), and
+        once after each (re)connection, until cancelled; reconnects by itself after a
+        lost connection. A store without notifications returns at once (polling only)."""
+        ...
 
 
 class Source(Protocol):

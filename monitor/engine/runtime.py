@@ -18,6 +18,7 @@ from monitor.config import TaskSettings
 from monitor.core.canon.base import AsyncCanonicalizer, Canonicalizer
 from monitor.core.consensus import Consensus
 from monitor.core.events import TrafficEvent
+from monitor.core.judging import DEFAULT_JUDGE_TEMPLATE
 from monitor.core.priority import prioritised_inclusion_probability
 from monitor.core.reask import ReaskPolicy
 from monitor.core.stopping import StoppingRule
@@ -51,6 +52,9 @@ class TaskRuntime:
     client: ModelClient
     sync_canonicalizer: Canonicalizer | None = None
     client_outcomes: tuple[str, ...] = ()
+    judge: ModelClient | None = None
+    """The LLM judge of ``tasks[].judge`` (judge-assisted level), if any."""
+    judge_template: str = DEFAULT_JUDGE_TEMPLATE
     """Every ``relmon_model_calls_total{outcome}`` value the client reports (pre-created)."""
 
     @property

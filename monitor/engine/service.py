@@ -173,6 +173,7 @@ class MonitorService:
     async def load(self) -> int:
         """Rebuild the windows from the store; returns how many records were loaded."""
         loaded = await self.calibration.load()
+        await self.calibration.load_judgements()
         # A restart recognises items it already reviewed.
         self.admission.remember_all(await self.store.recent_item_ids(RECENT_ITEM_IDS))
         self.loaded = True

@@ -12,21 +12,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import Counter
+from dataclasses import replace
 
 import structlog
 
 from monitor.core.canon.base import QueryContext
 from monitor.core.certify import item_rng
 from monitor.core.consensus import Consensus, rank_classes
-from monitor.core.errors import InputError, ModelCallError
+from monitor.core.errors import InputError, ModelCallError, StoreError
 from monitor.core.events import query_hash, query_text
 from monitor.core.reask import reask_request
 from monitor.core.redaction import Redactor
 from monitor.core.sampler import CallBudget
 from monitor.core.scores import set_size
 from monitor.engine.calibration import Calibration
+from monitor.engine.judged import ask_judge
 from monitor.engine.metrics import Metrics
-from monitor.engine.ports import Clock
+from monitor.engine.ports import Clock, Judgement, ModelClient
 from monitor.engine.reviews import ReviewRouter
 from monitor.engine.runtime import Job, ServiceStats, item_seed_key
 
@@ -180,12 +182,41 @@ class WorkerPool:
             consensus = rank_classes(classes, rng)
             pi = task.inclusion_probability(consensus)
             reviewed = bool(rng.random() < pi)
+            if task.judge is not None:
+                await self._judge(job, task.judge, consensus)
             set_size_served = await self._score(job, consensus, pi, reviewed, started)
             self._log_item(job, consensus, set_size_served, reviewed, started)
         finally:
             self.budget.settle(job.reserved, used, self.clock.monotonic())
             if not job.done.done():
                 job.done.set_result(None)
+
+    async def _judge(self, job: Job, judge: ModelClient, consensus: Consensus) -> None:
+        """The judge's label of the item's top answer (``tasks[].judge``), stored and
+        kept for the prediction-powered level. The judge sees the redacted query and
+        answer, as a reviewer does; a failed call or an unusable reply is counted, the
+        item goes on without a label."""
+        task = job.task
+        counts = self.metrics.judge_labels
+        query = self.redactor.redact(query_text(job.event.request))
+        answer = self.redactor.redact(consensus.classes[0]) if consensus.classes else ""
+        try:
+            label = await ask_judge(judge, task.judge_template, query, answer)
+        except ModelCallError as exc:
+            counts.labels(task.model, task.name, "error").inc()
+            log.warning("judge_failed", item=job.item_id, task=task.name, error=str(exc))
+            return
+        if label is None:
+            counts.labels(task.model, task.name, "unusable").inc()
+            return
+        counts.labels(task.model, task.name, "acceptable" if label else "not_acceptable").inc()
+        judgement = Judgement(job.item_id, task.model, task.name, job.sampled_at, label)
+        try:
+            seq = await self.calibration.store.save_judgement(judgement)
+        except StoreError as exc:  # the label is lost, the item goes on
+            log.warning("judgement_not_stored", item=job.item_id, error=str(exc))
+            return
+        self.calibration.note_judgement(replace(judgement, seq=seq))
 
     async def _score(
         self, job: Job, consensus: Consensus, pi: float, reviewed: bool, started: float

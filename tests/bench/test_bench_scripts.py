@@ -23,6 +23,7 @@ BENCH = ROOT / "bench"
 SCRIPTS = {
     "mirror": "mirror_bench.py",
     "proxy": "proxy_latency_bench.py",
+    "proxy_saturation": "proxy_saturation_bench.py",
     "stopping": "stopping_bench.py",
     "calibration": "calibration_bench.py",
     "core": "core_bench.py",
@@ -96,12 +97,37 @@ def test_proxy_bench_against_direct_and_nginx(quick: tuple[Path, dict[str, str |
 
 
 @pytest.mark.timeout(900)
+def test_proxy_saturation_bench_beside_nginx(quick: tuple[Path, dict[str, str | None]]) -> None:
+    doc = doc_of(quick, "proxy_saturation")
+    for target in ("direct", "relmon", "nginx"):
+        assert doc["latency"][target]["errors"] == 0
+        assert doc["latency"][target]["p50_ms"] <= doc["latency"][target]["p99_ms"]
+    for target in ("relmon", "nginx"):
+        sat = doc["saturation"][target]
+        assert sat["errors"] == 0
+        assert positive(sat["requests_per_s"]) and positive(sat["cpu_s_per_10k"])
+    ratios = doc["ratios"]
+    assert ratios["requests_per_s"] == pytest.approx(
+        doc["saturation"]["relmon"]["requests_per_s"] / doc["saturation"]["nginx"]["requests_per_s"]
+    )
+    assert positive(ratios["cpu_per_request"])
+
+
+@pytest.mark.timeout(900)
 def test_stopping_bench(quick: tuple[Path, dict[str, str | None]]) -> None:
     doc = doc_of(quick, "stopping")
     assert set(doc["datasets"]) == {"demo mix", "stress grid", "smollm2"}
     for data in doc["datasets"].values():
         rules = data["rules"]
-        assert set(rules) == {"default", "fixed", "paper", "trustgate"}
+        assert set(rules) == {
+            "default",
+            "previous",
+            "fixed",
+            "paper",
+            "trustgate",
+            "esc",
+            "adaptive",
+        }
         assert rules["fixed"]["calls_per_item"] == doc["k_max"]
         assert rules["fixed"]["certified"] == 0
         for r in rules.values():
@@ -112,6 +138,8 @@ def test_stopping_bench(quick: tuple[Path, dict[str, str | None]]) -> None:
     demo = doc["datasets"]["demo mix"]["rules"]
     assert demo["default"]["calls_per_item"] < doc["k_max"]
     assert demo["trustgate"]["calls_per_item"] < doc["k_max"]
+    assert demo["esc"]["calls_per_item"] < doc["k_max"]
+    assert demo["adaptive"]["calls_per_item"] < doc["k_max"]
 
 
 @pytest.mark.timeout(900)
@@ -188,6 +216,32 @@ def test_kafka_scale_bench(tmp_path: Path) -> None:
     assert "smoke run" in section and f"{replay['verdicts']:,}" in section
 
 
+@pytest.mark.timeout(600)
+def test_store_replicas_bench(tmp_path: Path) -> None:
+    """``make bench-store`` in its quick mode (its own PostgreSQL cluster; not part of
+    ``make bench``): every field, every replica converged, section 8 rendered."""
+    out = tmp_path / "store_replicas.json"
+    error = run_quick("store_replicas_bench.py", out)
+    assert error is None, error
+    doc = json.loads(out.read_text())
+    assert doc["quick"] is True and doc["verdicts"] > 0
+    sqlite, postgres = doc["sqlite_1"], doc["postgres_3"]
+    assert positive(sqlite["verdicts_per_s"]) and positive(postgres["verdicts_per_s"])
+    assert doc["throughput_ratio"] == pytest.approx(
+        postgres["verdicts_per_s"] / sqlite["verdicts_per_s"]
+    )
+    for c in (sqlite["convergence"], postgres["convergence"], postgres["convergence_polling"]):
+        assert c["count"] > 0 and 0 < c["median_ms"] <= c["p99_ms"] <= c["max_ms"]
+    md = tmp_path / "RESULTS.md"
+    subprocess.run(
+        [sys.executable, str(BENCH / "report.py"), "--results", str(tmp_path), "--out", str(md)],
+        check=True,
+        timeout=60,
+    )
+    section = md.read_text().split("## 8. Shared store: 3 replicas on PostgreSQL", 1)[1]
+    assert "smoke run" in section and "polling only" in section
+
+
 @pytest.mark.timeout(900)
 def test_report_renders_the_quick_results(
     quick: tuple[Path, dict[str, str | None]], tmp_path: Path
@@ -234,5 +288,6 @@ def test_results_md_is_rendered_from_the_committed_results(tmp_path: Path) -> No
     assert_complete(text)
     # The Kafka scale-out bench is not part of `make bench`, but its results are kept.
     assert "## 7. Kafka scale-out and replay" in text and "No results yet" not in text
+    assert "## 8. Shared store: 3 replicas on PostgreSQL" in text
     assert "smoke run" not in text
     assert text == (BENCH / "RESULTS.md").read_text(), "run bench/report.py and commit"

@@ -19,10 +19,14 @@ import numpy as np
 import pytest
 
 from adapters.openai.client import OpenAIClient
+from monitor.app.wiring import build_judge
+from monitor.config.judge import JudgeSettings
 from monitor.core.canon.base import INVALID
 from monitor.core.canon.registry import get_canonicalizer
 from monitor.core.consensus import count_classes, rank_classes
+from monitor.core.judging import DEFAULT_JUDGE_TEMPLATE
 from monitor.core.stopping import get_stopping_rule
+from monitor.engine.judged import ask_judge
 from tests.model.llama_server import LlamaServer, llama_server
 
 pytestmark = pytest.mark.slow
@@ -262,3 +266,19 @@ async def test_service_end_to_end_on_the_real_model(
     assert samples is not None and K0 * n <= samples <= K_MAX * n
     assert ok_calls == samples
     assert sum(1 for s in scores if s <= 1) >= n // 2  # SmolLM2 gets most of these right
+
+
+async def test_a_real_model_as_the_judge(llm_server: LlamaServer) -> None:
+    """SmolLM2 as ``tasks[].judge``: every reply is read as a label or counted unusable,
+    never an error, and the shipped prompt gets usable yes/no replies from it."""
+    judge = build_judge(
+        JudgeSettings(endpoint={"base_url": llm_server.base_url, "model": llm_server.model})
+    )
+    pairs = [("What is 2 + 2?", "4"), ("What is the capital of France?", "Paris")]
+    pairs += [("What is 3 + 5?", "9"), ("What is the capital of Italy?", "Madrid")]
+    try:
+        labels = [await ask_judge(judge, DEFAULT_JUDGE_TEMPLATE, q, a) for q, a in pairs]
+    finally:
+        await judge.aclose()
+    assert all(label in (True, False, None) for label in labels)
+    assert sum(label is not None for label in labels) >= 2, labels

@@ -75,7 +75,7 @@ def test_check_config_names_what_is_wrong_with_the_database(
     path = _config(tmp_path, "c", f"{{backend: postgres, dsn: '{fresh}'}}")
     assert main(["check-config", "--config", str(path)]) == 0
     captured = capsys.readouterr()
-    assert "schema migrations 1, 2 will be applied at the next start" in captured.err
+    assert "schema migrations 1, 2, 3, 4 will be applied at the next start" in captured.err
     assert '"dsn": "**********"' in captured.out
 
 

@@ -9,9 +9,7 @@ import inspect
 import itertools
 import math
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -21,45 +19,16 @@ from hypothesis import strategies as st
 
 from adapters.postgres.schema import SCHEMA_VERSION, pending_migrations
 from adapters.postgres.store import PostgresStore
-from adapters.sqlite.store import SqliteStore
 from monitor.core.errors import ConfigError, InputError
 from monitor.core.review import Verdict
+from monitor.engine.ports import Judgement
 from tests.http.test_sqlite_store import item, record
-from tests.postgres import PostgresCluster
+from tests.postgres import Opener, PostgresCluster
 
 pytestmark = pytest.mark.timeout(300)
 
-Opener = Callable[[], Awaitable[Any]]
+
 _databases = itertools.count()  # hypothesis seeds `random`: names come from a counter
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-async def opener(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Opener]:
-    """Opens a store on one database (again and again: a restart, another replica)."""
-    opened: list[Any] = []
-    if request.param == "sqlite":
-        path = tmp_path / "state" / "relmon.db"
-
-        async def open_store() -> Any:
-            opened.append(await SqliteStore.open(path))
-            return opened[-1]
-    else:
-        dsn = request.getfixturevalue("pg_dsn")
-
-        async def open_store() -> Any:
-            opened.append(await PostgresStore.open(dsn))
-            return opened[-1]
-
-    try:
-        yield open_store
-    finally:
-        for s in opened:
-            await s.aclose()
-
-
-@pytest.fixture
-async def store(opener: Opener) -> Any:
-    return await opener()
 
 
 async def test_it_is_a_calibration_store_and_a_review_queue(store: Any) -> None:
@@ -154,6 +123,25 @@ async def test_everything_survives_closing_and_reopening(opener: Opener) -> None
     assert [r.item_id for r in await again.load_records()] == ["a"]
     assert await again.depth() == 1
     assert await again.recent_item_ids(10) == ["a", "b"]
+
+
+async def test_judge_labels_are_kept_once_numbered_and_reloaded(opener: Opener) -> None:
+    first = await opener()
+    labels = [Judgement(f"j{i}", "m", "t", 100.0 + i, i % 3 != 0) for i in range(5)]
+    seqs = [await first.save_judgement(j) for j in labels]
+    assert seqs == sorted(seqs) and len(set(seqs)) == 5 and min(seqs) > 0
+    assert await first.save_judgement(replace(labels[1], acceptable=False)) == 0  # once
+    await first.aclose()
+    again = await opener()
+    loaded = await again.load_judgements(102.0)
+    assert [(j.item_id, j.acceptable) for j in loaded] == [
+        ("j2", True),
+        ("j3", False),
+        ("j4", True),
+    ]
+    assert [j.seq for j in loaded] == seqs[2:]
+    if hasattr(again, "judgements_after"):  # a shared store: followed in number order
+        assert [j.item_id for j in await again.judgements_after(seqs[1])] == ["j2", "j3", "j4"]
 
 
 # ---------------------------------------------------------------- a shared store

@@ -2,7 +2,8 @@
 
 Every verdict this replica stores becomes one ``gen_ai.evaluation.result`` event (the
 OpenTelemetry GenAI semantic convention for evaluations) sent over OTLP/HTTP to
-``<endpoint>/v1/logs``:
+``<endpoint>/v1/logs``, and so does every judge label it stores (``tasks[].judge``:
+``relmon.evaluator`` ``llm_judge``, the same name, score and label; no rank). A verdict's:
 
 - ``gen_ai.evaluation.name``: ``relmon.top_answer_acceptable``;
 - ``gen_ai.evaluation.score.value``: 1.0 when the human accepted the top-ranked answer,
@@ -44,7 +45,7 @@ from prometheus_client import CollectorRegistry
 
 from monitor.config.otel import OtelSettings
 from monitor.core.review import ReviewItem, Verdict
-from monitor.engine.ports import CalibrationRecord
+from monitor.engine.ports import CalibrationRecord, Judgement
 
 __all__ = [
     "BRIDGED",
@@ -102,6 +103,21 @@ def evaluation_attributes(
     return attributes
 
 
+def judgement_attributes(judgement: Judgement) -> dict[str, str | float | int]:
+    """The attributes of the ``gen_ai.evaluation.result`` event of one judge label."""
+    acceptable = judgement.acceptable
+    return {
+        "gen_ai.evaluation.name": EVALUATION_NAME,
+        "gen_ai.evaluation.score.value": 1.0 if acceptable else 0.0,
+        "gen_ai.evaluation.score.label": "acceptable" if acceptable else "not_acceptable",
+        "gen_ai.evaluation.explanation": "LLM judge (tasks[].judge) on the top-ranked answer",
+        "gen_ai.request.model": judgement.model,
+        "relmon.task": judgement.task,
+        "relmon.item_id": judgement.item_id,
+        "relmon.evaluator": "llm_judge",
+    }
+
+
 class OtelExporter:
     """Sends evaluation events as they come and the gauges every interval."""
 
@@ -155,6 +171,10 @@ class OtelExporter:
             event_name=EVALUATION_EVENT,
             attributes=evaluation_attributes(item, record, log_prompts=self.log_prompts),
         )
+
+    def judgement(self, judgement: Judgement) -> None:
+        """A judge label this replica stored (a ``JudgementListener``)."""
+        self._logger.emit(event_name=EVALUATION_EVENT, attributes=judgement_attributes(judgement))
 
     def _observer(self, name: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
         def observe(options: CallbackOptions) -> Iterable[Observation]:

@@ -283,4 +283,5 @@ def build_otel(
         settings.otel, registry, refresh=service.publish, log_prompts=settings.log_prompts
     )
     service.calibration.listeners.append(exporter.verdict)
+    service.calibration.judgement_listeners.append(exporter.judgement)
     return exporter

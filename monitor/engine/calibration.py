@@ -33,7 +33,13 @@ from monitor.engine.ports import (
 from monitor.engine.runtime import TaskRuntime
 from monitor.engine.verdicts import VerdictScorer, calibration_record, ranks_beyond_candidates
 
-__all__ = ["PPI_EVERY_S", "Calibration", "VerdictListener", "WindowState"]
+__all__ = [
+    "PPI_EVERY_S",
+    "Calibration",
+    "JudgementListener",
+    "VerdictListener",
+    "WindowState",
+]
 
 log = structlog.get_logger("relmon")
 
@@ -42,6 +48,8 @@ PPI_EVERY_S = 1.0
 
 VerdictListener = Callable[[ReviewItem, Verdict, CalibrationRecord], None]
 """Told of each verdict this replica stored (not of those it follows): the OTel export."""
+JudgementListener = Callable[[Judgement], None]
+"""Told of each judge label this replica stored (not of those it follows)."""
 
 
 @dataclass
@@ -86,6 +94,7 @@ class Calibration:
         self.loaded_through = 0
         """The highest first order key :meth:`load` read (a shared store's ``seq``)."""
         self.listeners: list[VerdictListener] = []
+        self.judgement_listeners: list[JudgementListener] = []
         self.judged_through = 0
         """The highest judge label number seen (a shared store's follower goes on from it)."""
 
@@ -253,6 +262,15 @@ class Calibration:
             self._applied(state, item, verdict, record, task)
         self._tell(item, verdict, record)
         return VerdictOutcome("applied", score=score)
+
+    def judged_here(self, judgement: Judgement) -> None:
+        """A judge label this replica's worker stored: kept, and its listeners told."""
+        self.note_judgement(judgement)
+        for listener in self.judgement_listeners:
+            try:
+                listener(judgement)
+            except Exception as exc:  # a bug in a listener: the label stands
+                log.error("judgement_listener_failed", item=judgement.item_id, error=repr(exc))
 
     def _tell(self, item: ReviewItem, verdict: Verdict, record: CalibrationRecord) -> None:
         """The listeners, after the verdict is stored: one failing never undoes it."""

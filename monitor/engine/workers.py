@@ -216,7 +216,7 @@ class WorkerPool:
         except StoreError as exc:  # the label is lost, the item goes on
             log.warning("judgement_not_stored", item=job.item_id, error=str(exc))
             return
-        self.calibration.note_judgement(replace(judgement, seq=seq))
+        self.calibration.judged_here(replace(judgement, seq=seq))
 
     async def _score(
         self, job: Job, consensus: Consensus, pi: float, reviewed: bool, started: float

@@ -24,13 +24,16 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceResponse,
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+from prometheus_client import CollectorRegistry
 
+from adapters.otel.exporter import OtelExporter
 from monitor.app.runner import Running, start_service
 from monitor.app.validation import validate_settings
 from monitor.config import load_settings
 from monitor.config.otel import OtelSettings, parse_otlp_headers
 from monitor.core.errors import ConfigError
 from monitor.core.review import ReviewItem, Verdict
+from monitor.engine.ports import Judgement
 from tests.ports import free_port
 from tests.waiting import wait_until
 
@@ -258,3 +261,20 @@ def test_check_config_reads_the_headers_file(tmp_path: Path) -> None:
     assert (
         validate_settings(_settings(tmp_path, f"{{enabled: false, headers_file: '{bad}'}}")) == []
     )
+
+
+async def test_judge_labels_are_evaluation_events_too(receiver: Receiver) -> None:
+    settings = OtelSettings(enabled=True, endpoint=f"http://127.0.0.1:{receiver.port}")
+    exporter = OtelExporter(settings, CollectorRegistry(), refresh=lambda: None)
+    exporter.judgement(Judgement("arith:req-7", "sim-1", "arith", 1.0, acceptable=False))
+    exporter.judgement(Judgement("arith:req-8", "sim-1", "arith", 2.0, acceptable=True))
+    await exporter.aclose()
+    assert [(e["relmon.item_id"], e["gen_ai.evaluation.score.label"]) for e in receiver.events] == [
+        ("arith:req-7", "not_acceptable"),
+        ("arith:req-8", "acceptable"),
+    ]
+    first = receiver.events[0]
+    assert first["event_name"] == "gen_ai.evaluation.result"
+    assert first["relmon.evaluator"] == "llm_judge"
+    assert first["gen_ai.evaluation.name"] == "relmon.top_answer_acceptable"
+    assert first["gen_ai.evaluation.score.value"] == 0.0

@@ -53,6 +53,7 @@ from adapters.http.traffic import TrafficServer, header_task_resolver
 from monitor.engine.ports import Admission
 
 TARGETS = ("direct", "relmon", "nginx")
+PROXIES = ("relmon", "nginx")
 _SYSTEM = "You are a careful assistant. Answer with one number and nothing else. " * 18
 REQUEST = json.dumps(
     {
@@ -158,10 +159,13 @@ def _measure(
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     latency: list[dict[str, Any]] = []
     saturation: list[dict[str, Any]] = []
-    for target in TARGETS:  # warm-up, not reported
+    targets = tuple(urls)
+    proxies = targets[1:]
+    for target in targets:  # warm-up, not reported
         benchlib.wrk(urls[target], script, connections=args.connections, seconds=1)
     for r in range(args.repeats):
-        order = TARGETS[r % 3 :] + TARGETS[: r % 3]
+        n = len(targets)
+        order = targets[r % n :] + targets[: r % n]
         rep = {
             t: benchlib.wrk(
                 urls[t], script, connections=args.latency_connections, seconds=args.seconds
@@ -170,7 +174,8 @@ def _measure(
         }
         latency.append(rep)
         sat: dict[str, Any] = {}
-        for t in ("relmon", "nginx") if r % 2 == 0 else ("nginx", "relmon"):
+        k = r % len(proxies)
+        for t in proxies[k:] + proxies[:k]:
             if args.profile is not None and r == 0 and t == "relmon":
                 sat[t] = _profiled(urls[t], script, pids[t][0], args)
             else:
@@ -178,10 +183,12 @@ def _measure(
         saturation.append(sat)
         print(
             f"  repeat {r + 1}: p50 "
-            + " ".join(f"{t} {rep[t]['p50_ms']:.3f}" for t in TARGETS)
-            + f" ms | sat relmon {sat['relmon']['requests_per_s']:,.0f} nginx "
-            f"{sat['nginx']['requests_per_s']:,.0f} req/s | cpu/10k relmon "
-            f"{sat['relmon']['cpu_s_per_10k']:.2f} nginx {sat['nginx']['cpu_s_per_10k']:.2f} s",
+            + " ".join(f"{t} {rep[t]['p50_ms']:.3f}" for t in targets)
+            + " ms | sat "
+            + " ".join(f"{t} {sat[t]['requests_per_s']:,.0f}" for t in proxies)
+            + " req/s | cpu/10k "
+            + " ".join(f"{t} {sat[t]['cpu_s_per_10k']:.2f}" for t in proxies)
+            + " s",
             file=sys.stderr,
             flush=True,
         )
@@ -219,12 +226,13 @@ def _profiled(url: str, script: Path, pid: int, args: argparse.Namespace) -> dic
 def _summarize(latency: list[dict[str, Any]], saturation: list[dict[str, Any]]) -> dict[str, Any]:
     med = benchlib.median
     out: dict[str, Any] = {"latency": {}, "saturation": {}}
-    for t in TARGETS:
+    targets = tuple(latency[0])
+    for t in targets:
         out["latency"][t] = {k: med([rep[t][k] for rep in latency]) for k in ("p50_ms", "p99_ms")}
         out["latency"][t]["errors"] = sum(
             rep[t]["non_2xx"] + rep[t]["socket_errors"] for rep in latency
         )
-    for t in ("relmon", "nginx"):
+    for t in targets[1:]:
         out["latency"][f"{t}_added"] = {
             k: med([rep[t][k] - rep["direct"][k] for rep in latency]) for k in ("p50_ms", "p99_ms")
         }
@@ -243,6 +251,14 @@ def _summarize(latency: list[dict[str, Any]], saturation: list[dict[str, Any]]) 
         "requests_per_s": rs["requests_per_s"] / ns["requests_per_s"],
         "cpu_per_request": rs["cpu_s_per_10k"] / ns["cpu_s_per_10k"],
     }
+    if "lean" in targets:  # the floor a Python proxy reaches here, against nginx too
+        la, ls = out["latency"]["lean_added"], out["saturation"]["lean"]
+        out["lean_ratios"] = {
+            "added_p50": la["p50_ms"] / na["p50_ms"] if na["p50_ms"] > 0 else None,
+            "added_p99": la["p99_ms"] / na["p99_ms"] if na["p99_ms"] > 0 else None,
+            "requests_per_s": ls["requests_per_s"] / ns["requests_per_s"],
+            "cpu_per_request": ls["cpu_s_per_10k"] / ns["cpu_s_per_10k"],
+        }
     return out
 
 
@@ -258,7 +274,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         else:
             cmd = [sys.executable, str(Path(__file__).with_name("proxy_latency_bench.py"))]
             upstream, up_port = benchlib.spawn_with_port([*cmd, "--serve-upstream"], "upstream")
-        relmon = nginx = None
+        relmon = nginx = lean = None
         try:
             if args.data_plane:
                 cmd = [sys.executable, str(Path(__file__).resolve()), "--serve-data-plane"]
@@ -281,9 +297,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "nginx": f"http://127.0.0.1:{nginx_port}{path}",
             }
             pids = {"relmon": [relmon.pid], "nginx": _family(nginx.pid)}
+            if args.with_lean:
+                cmd = [sys.executable, str(Path(__file__).with_name("lean_proxy.py")), str(up_port)]
+                lean, lean_port = benchlib.spawn_with_port(cmd, "lean proxy")
+                urls["lean"] = f"http://127.0.0.1:{lean_port}{path}"
+                pids["lean"] = [lean.pid]
             latency, saturation = _measure(urls, pids, script, args)
         finally:
-            for proc in (nginx, relmon):
+            for proc in (nginx, relmon, lean):
                 if proc is not None:
                     benchlib.stop(proc)
             benchlib.stop(upstream)
@@ -298,6 +319,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "traffic_extra": args.traffic_extra,
         "data_plane": args.data_plane,
         "upstream": args.upstream,
+        "with_lean": args.with_lean,
         "machine": start_machine,
         "repeat_results": {"latency": latency, "saturation": saturation},
     }
@@ -347,6 +369,11 @@ def main() -> None:
         help="measure the proxy's data plane alone (no service) on this event loop",
     )
     parser.add_argument("--serve-data-plane", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--with-lean",
+        action="store_true",
+        help="also measure bench/lean_proxy.py (the floor a Python proxy reaches here)",
+    )
     parser.add_argument("--traffic-extra", default="", help="more traffic keys, YAML flow")
     parser.add_argument("--profile", type=Path, help="py-spy relmon; summary to this file")
     parser.add_argument("--label", default="this run", help="this run's name in the report")
@@ -372,7 +399,7 @@ def main() -> None:
     if args.json:
         benchlib.write_json(report, args.json)
     lat, sat, x = report["latency"], report["saturation"], report["ratios"]
-    for t in ("relmon", "nginx"):
+    for t in sat:
         a, s = lat[f"{t}_added"], sat[t]
         print(
             f"{t:>6}: added p50 +{a['p50_ms']:.3f} ms p99 +{a['p99_ms']:.3f} ms | "
@@ -385,6 +412,12 @@ def main() -> None:
         + (f"x{x['added_p99']:.2f}" if x["added_p99"] is not None else "n/a")
         + f", req/s x{x['requests_per_s']:.2f}, CPU per request x{x['cpu_per_request']:.2f}"
     )
+    if "lean_ratios" in report:
+        y = report["lean_ratios"]
+        print(
+            f"  lean/nginx: added p50 x{y['added_p50']:.2f}, added p99 x{y['added_p99']:.2f}, "
+            f"req/s x{y['requests_per_s']:.2f}, CPU per request x{y['cpu_per_request']:.2f}"
+        )
 
 
 if __name__ == "__main__":

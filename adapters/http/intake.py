@@ -17,6 +17,7 @@ raises: whatever fails is counted once, through the exchange's ``count``.
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -60,6 +61,12 @@ _EMPTY: Mapping[str, Any] = {}
 _random_bytes = random.Random().randbytes
 
 
+@functools.lru_cache(maxsize=64)
+def _wanted(key: str) -> bytes:
+    """A header name as the raw bytes it is compared with (the few names asked, cached)."""
+    return key.lower().encode("latin-1", "replace")
+
+
 class HeaderView(Mapping[str, str]):
     """Raw ``(name, value)`` header bytes read as a case-insensitive mapping (first value
     wins), decoded as aiohttp does (UTF-8, undecodable bytes as lone surrogates). Built
@@ -71,7 +78,7 @@ class HeaderView(Mapping[str, str]):
         self._raw = raw
 
     def __getitem__(self, key: str) -> str:
-        want = key.lower().encode("latin-1", "replace")
+        want = _wanted(key)
         for name, value in self._raw:
             if name.lower() == want:
                 return value.decode("utf-8", "surrogateescape")
@@ -79,7 +86,7 @@ class HeaderView(Mapping[str, str]):
 
     def get(self, key: str, default: Any = None) -> Any:
         """``self[key]``, else ``default`` (no exception raised and caught when absent)."""
-        want = key.lower().encode("latin-1", "replace")
+        want = _wanted(key)
         for name, value in self._raw:
             if name.lower() == want:
                 return value.decode("utf-8", "surrogateescape")

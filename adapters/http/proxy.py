@@ -25,15 +25,23 @@ sampled (counted ``"oversize"`` or ``"oversize response"``).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Final
 
 import structlog
 
 from adapters.http.intake import HeaderView, Intake, request_id
-from adapters.http.messages import HOP_BY_HOP_HEADERS
 from adapters.http.proxy_metrics import ProxyMetrics
 from adapters.http.upstream import UpstreamConnection, UpstreamPool
-from adapters.http.wire import Request, ServerConnection, error_response, http_date, read_prefix
+from adapters.http.wire import (
+    HOP_BY_HOP,
+    NOT_FORWARDED,
+    Request,
+    ServerConnection,
+    error_response,
+    http_date,
+    read_prefix,
+)
 from monitor.core.failures import internal_error, raised_at
 
 __all__ = [
@@ -50,8 +58,7 @@ __all__ = [
 ]
 
 WHOLE_BODY_BYTES: Final = 65_536
-_HOP: Final = frozenset(h.encode() for h in HOP_BY_HOP_HEADERS)
-_NOT_FORWARDED: Final = _HOP | {b"host", b"expect"}
+_HOP: Final = HOP_BY_HOP
 _CONTINUE: Final = b"HTTP/1.1 100 Continue\r\n\r\n"
 _PLAIN_CONNECTION: Final = frozenset({b"keep-alive", b"close"})
 # Answer headers the proxy reads as it copies them: 1 length, 2 type, 3 date.
@@ -90,10 +97,14 @@ class Forwarding:
 def request_head(req: Request, fwd: Forwarding) -> bytes:
     """The request line and headers sent upstream (framing kept, hop-by-hop dropped)."""
     parts = [req.method, b" ", fwd.prefix, req.target, b" HTTP/1.1\r\n", fwd.host_line]
-    skip = _NOT_FORWARDED | _named(req.connection) if req.connection else _NOT_FORWARDED
-    for name, value in req.headers:
-        if name.lower() not in skip:
-            parts += (name, b": ", value, b"\r\n")
+    named = _named(req.connection) - _PLAIN_CONNECTION if req.connection else None
+    if named:  # rare: headers the Connection header makes hop-by-hop
+        skip = NOT_FORWARDED | named
+        for name, value in req.headers:
+            if name.lower() not in skip:
+                parts += (name, b": ", value, b"\r\n")
+    else:
+        parts += req.forwarded
     if req.chunked:
         parts.append(b"Transfer-Encoding: chunked\r\n")
     parts.append(b"\r\n")
@@ -125,6 +136,28 @@ class ExchangeGuard:
 class ProxyExchange:
     """One request through the proxy (see the module); :meth:`run` returns when done."""
 
+    __slots__ = (
+        "_captured",
+        "_rechunk",
+        "_whole",
+        "body",
+        "capture",
+        "client",
+        "client_done_at",
+        "conn",
+        "finished",
+        "fwd",
+        "guard",
+        "on_end",
+        "oversize_response",
+        "req",
+        "resp_headers",
+        "sample",
+        "sent_at",
+        "status",
+        "upstream_done_at",
+    )
+
     def __init__(
         self, req: Request, client: ServerConnection, fwd: Forwarding, guard: ExchangeGuard
     ) -> None:
@@ -134,6 +167,8 @@ class ProxyExchange:
         self.guard = guard
         self.conn: UpstreamConnection | None = None
         self.finished: asyncio.Future[str | None] | None = None
+        # Without ``finished`` (the fast path): called once with the outcome instead.
+        self.on_end: Callable[[ProxyExchange, str | None], None] | None = None
         self.sent_at = 0.0
         self.body = b""  # the request body, when held whole
         self.status = 0
@@ -153,20 +188,19 @@ class ProxyExchange:
         req = self.req
         self.body = body
         self.conn = conn
-        conn.start(self, req.method == b"HEAD")
         self.client.on_pause = conn.pause
         head = request_head(req, self.fwd)
-        conn.write(head + (_chunk(body) + b"0\r\n\r\n" if req.chunked and body else body))
-        if req.chunked and not body:
-            conn.write(b"0\r\n\r\n")
-        conn.watch()
+        if req.chunked:
+            body = _chunk(body) + b"0\r\n\r\n" if body else b"0\r\n\r\n"
+        conn.send(self, req.method == b"HEAD", head + body)
         self.sent_at = conn.last_activity
 
-    async def run(self, body: bytes, complete: bool) -> str | None:
-        """Forward, relay, wait for the end; the failure reason or None (relayed whole)."""
+    async def run(self, body: bytes, complete: bool, *, retry: bool = False) -> str | None:
+        """Forward, relay, wait for the end; the failure reason or None (relayed whole).
+        ``retry``: the first attempt failed on a stale connection: only the second runs."""
         fwd, client = self.fwd, self.client
         client.on_lost = self._client_lost
-        for attempt in (0, 1):
+        for attempt in (1,) if retry else (0, 1):
             self.finished = fwd.pool.loop.create_future()
             conn = fwd.pool.idle() if attempt == 0 else None
             if conn is None:
@@ -210,10 +244,15 @@ class ProxyExchange:
         return None
 
     def _end(self, outcome: str | None) -> None:
-        """The exchange ended (None: answered whole): wake :meth:`run`."""
+        """The exchange ended (None: answered whole): wake :meth:`run`, or, on the fast
+        path, call ``on_end`` (once)."""
         finished = self.finished
-        if finished is not None and not finished.done():
-            finished.set_result(outcome)
+        if finished is not None:
+            if not finished.done():
+                finished.set_result(outcome)
+        elif self.on_end is not None:
+            on_end, self.on_end = self.on_end, None
+            on_end(self, outcome)
 
     async def _stream_body(self, conn: UpstreamConnection, prefix: bytes) -> bool:
         """Forward a body too big to hold, chunk by chunk as it arrives."""
@@ -311,7 +350,12 @@ class ProxyExchange:
         elif self._rechunk:
             self.client.write(b"0\r\n\r\n")
         self.client_done_at = loop.time()
-        self._end(None)
+        on_end = self.on_end
+        if on_end is not None:  # the fast path
+            self.on_end = None
+            on_end(self, None)
+        else:
+            self._end(None)
 
     def on_lost(self, reason: str) -> None:
         self._end(reason)
@@ -381,6 +425,58 @@ class Proxy:
     def __init__(self, fwd: Forwarding, intake: Intake) -> None:
         self.fwd = fwd
         self.intake = intake
+
+    def fast(self, req: Request, client: ServerConnection) -> bool:
+        """The fast path (:data:`~adapters.http.wire.FastHandler`): a request whose whole
+        body is here (within ``max_body_bytes``, no ``Expect``) goes out at once on an idle
+        pooled connection, and the answer's callbacks finish it (:meth:`_fast_end`): no
+        task, no future. False, for :meth:`handle`, when no connection is idle."""
+        fwd = self.fwd
+        if req.expect is not None or req.body.size > fwd.max_body:
+            return False
+        conn = fwd.pool.idle()
+        if conn is None:
+            return False
+        body = req.body.whole()  # not None: the body is done (and none of it was read)
+        if body is None:
+            fwd.pool.release(conn)
+            return False
+        try:
+            guard = ExchangeGuard(self.intake, req.method == b"POST" and is_chat_target(req.target))
+            exchange = ProxyExchange(req, client, fwd, guard)
+            exchange.sample = guard.event
+            exchange.on_end = self._fast_end
+            client.on_lost = exchange._client_lost
+        except Exception:  # a bug: the handler takes the request and reports it
+            fwd.pool.release(conn)
+            return False
+        exchange.send(conn, body)
+        return True
+
+    def _fast_end(self, exchange: ProxyExchange, outcome: str | None) -> None:
+        """A fast-path exchange ended: settle it and offer it, as :meth:`handle` does, or
+        try once more in a task when the pooled connection had gone stale."""
+        client = exchange.client
+        if outcome is not None and exchange.retriable(outcome):
+            client.resume(exchange.req, lambda req, client: self._retry(exchange))
+            return
+        try:
+            if exchange.settle(outcome) is None:
+                self._offer(exchange)
+        except Exception as exc:
+            self._failed(exc, exchange.guard, client)
+        client.on_lost = client.on_pause = None
+        client.done(exchange.req)
+
+    async def _retry(self, exchange: ProxyExchange) -> None:
+        client = exchange.client
+        try:
+            if await exchange.run(exchange.body, True, retry=True) is None:
+                self._offer(exchange)
+        except Exception as exc:
+            self._failed(exc, exchange.guard, client)
+        finally:
+            client.on_lost = client.on_pause = None
 
     async def handle(self, req: Request, client: ServerConnection) -> None:
         guard = ExchangeGuard(self.intake, req.method == b"POST" and is_chat_target(req.target))

@@ -34,7 +34,7 @@ from adapters.http.mirror import Mirror
 from adapters.http.proxy import Forwarding, Proxy, is_chat_completions_path
 from adapters.http.proxy_metrics import ProxyMetrics
 from adapters.http.upstream import UpstreamPool
-from adapters.http.wire import Handler, ServerConnection
+from adapters.http.wire import FastHandler, Handler, ServerConnection
 from monitor.core.errors import ConfigError, StateError
 from monitor.engine.ports import EventSink
 
@@ -140,9 +140,9 @@ class TrafficServer:
             raise StateError("TrafficServer is not started")
         return self._bound_port
 
-    def _handler(self) -> Handler:
+    def _handler(self) -> tuple[Handler, FastHandler | None]:
         if self._mode == "mirror":
-            return Mirror(self._intake, self._max_body).handle
+            return Mirror(self._intake, self._max_body).handle, None
         url = self._url
         assert url.host is not None
         default_port = url.port == {"http": 80, "https": 443}[url.scheme]
@@ -163,18 +163,19 @@ class TrafficServer:
             max_body=self._max_body,
             metrics=self._metrics,
         )
-        return Proxy(fwd, self._intake).handle
+        proxy = Proxy(fwd, self._intake)
+        return proxy.handle, proxy.fast
 
     async def start(self) -> None:
         """Listen; :class:`ConfigError` if the address cannot be bound."""
         if self._server is not None:
             raise StateError("TrafficServer already started")
-        handler = self._handler()
+        handler, fast = self._handler()
         loop = asyncio.get_running_loop()
         connections = self._connections
         try:
             server = await loop.create_server(
-                lambda: ServerConnection(handler, connections),
+                lambda: ServerConnection(handler, connections, fast),
                 self._host,
                 self._port,
                 backlog=LISTEN_BACKLOG,
@@ -193,12 +194,17 @@ class TrafficServer:
         server, self._server = self._server, None
         if server is not None:
             server.close()
-            running = [c.running for c in self._connections if c.running is not None]
-            for conn in list(self._connections):
-                if conn.running is None:
-                    conn.close()
-            if running:
-                await asyncio.wait(running, timeout=self._shutdown_timeout)
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + self._shutdown_timeout
+            while True:  # a pipelined request may follow the one answered: wait again
+                running = [c.running for c in self._connections]
+                for conn in list(self._connections):
+                    if conn.running is None:
+                        conn.close()
+                waits = [r for r in running if r is not None and not r.done()]
+                if not waits or loop.time() >= deadline:
+                    break
+                await asyncio.wait(waits, timeout=deadline - loop.time())
             for conn in list(self._connections):
                 conn.abort()
             await server.wait_closed()

@@ -3,15 +3,16 @@ each a raw :class:`asyncio.Protocol` whose responses httptools parses.
 
 :meth:`UpstreamPool.acquire` hands out an idle connection (the most recently used
 first), opens a new one within the connect timeout, or, with ``max_connections`` in use,
-waits for one to come back. Once its request is sent, a connection that receives no
-byte for the read timeout is closed and its exchange told ``on_lost("timeout")``
-(:meth:`UpstreamConnection.watch`; checked every quarter of the timeout, at most every
-second). A connection carries one exchange at a time: it calls the
-exchange's ``on_head``, ``on_body`` (each chunk as it arrives, no copy), ``on_done`` and
-``on_lost``; 1xx interim answers are dropped. A connection goes back into the pool only
-when its exchange completed and the upstream keeps it alive (:meth:`UpstreamPool.release`);
-any other ends it (:meth:`UpstreamConnection.close`). A connection the upstream closes
-while idle leaves the pool by itself.
+waits for one to come back. Once its request is sent, a connection that receives no byte
+for the read timeout is closed and its exchange told ``on_lost("timeout")``
+(:meth:`UpstreamConnection.watch`; one timer checks every open connection every quarter
+of the timeout, at most every second: nothing is scheduled per request). A connection
+carries one exchange at a time: it calls the exchange's ``on_head``, ``on_body`` (each
+chunk as it arrives, no copy), ``on_done`` and ``on_lost``; 1xx interim answers are
+dropped. A connection goes back into the pool only when its exchange completed and the
+upstream keeps it alive (:meth:`UpstreamPool.release`); any other ends it
+(:meth:`UpstreamConnection.close`). A connection the upstream closes while idle leaves
+the pool by itself.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.got_bytes = False
         self.head_only = False
         self.last_activity = 0.0
+        self.waiting = False  # the request is sent, the answer not yet complete
         self.keep_alive = False
         self.complete = False
         self.eof_ends = False  # no length, not chunked: the body ends when the upstream closes
@@ -59,19 +61,29 @@ class UpstreamConnection(asyncio.Protocol):
         self._writable = True
         self._drain: asyncio.Future[None] | None = None
 
+    def send(self, exchange: Exchange, head_only: bool, request: bytes) -> None:
+        """Carry ``exchange``, its whole ``request`` written at once: :meth:`start`, the
+        write and :meth:`watch` in one call."""
+        self.exchange = exchange
+        self.head_only = head_only
+        self.got_bytes = False
+        self.complete = False
+        if self.transport is not None and not self.closed:
+            self.transport.write(request)
+        self.last_activity = self._loop.time()
+        self.waiting = True
+
     def start(self, exchange: Exchange, head_only: bool) -> None:
         """Carry ``exchange`` (its request is written next)."""
         self.exchange = exchange
         self.head_only = head_only
         self.got_bytes = False
         self.complete = False
-        self.last_activity = self._loop.time()
 
     def watch(self) -> None:
         """The request is sent: from now on, no byte for the read timeout times it out."""
         self.last_activity = self._loop.time()
-        self._pool.watched.add(self)
-        self._pool.sweep_soon()
+        self.waiting = True
 
     def write(self, data: bytes) -> None:
         if self.transport is not None and not self.closed:
@@ -93,7 +105,7 @@ class UpstreamConnection(asyncio.Protocol):
     def close(self) -> None:
         """End the connection (never returned to the pool)."""
         self.exchange = None
-        self._pool.watched.discard(self)
+        self.waiting = False
         if self.transport is not None and not self.closed:
             self.transport.abort()
 
@@ -101,9 +113,11 @@ class UpstreamConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass
+        self._pool.opened(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self.waiting = False
         self._pool.lost(self)
         if self._drain is not None and not self._drain.done():
             self._drain.set_result(None)
@@ -180,7 +194,7 @@ class UpstreamConnection(asyncio.Protocol):
         if self.complete:
             return
         self.complete = True
-        self._pool.watched.discard(self)
+        self.waiting = False
         exchange, self.exchange = self.exchange, None
         if exchange is not None:
             exchange.on_done()
@@ -201,9 +215,9 @@ class UpstreamPool:
     ) -> None:
         self.loop = asyncio.get_running_loop()
         self._read_timeout = read_timeout_s
-        # Connections waiting for their answer; one timer sweeps them all (a timer per
-        # request costs more than the rest of its bookkeeping).
-        self.watched: set[UpstreamConnection] = set()
+        # The open connections; one timer sweeps them all while there are any (a timer,
+        # or even a set update, per request costs more than the rest of its bookkeeping).
+        self._conns: set[UpstreamConnection] = set()
         self._tick = min(1.0, read_timeout_s / 4)
         self._sweeping = False
         self._host = host
@@ -259,7 +273,7 @@ class UpstreamPool:
         if self.closing or conn.closed:
             conn.close()
             return
-        if not self._wake(conn):
+        if not self._waiters or not self._wake(conn):
             self._idle.append(conn)
 
     def _wake(self, conn: UpstreamConnection | None) -> bool:
@@ -270,30 +284,32 @@ class UpstreamPool:
                 return True
         return False
 
-    def lost(self, conn: UpstreamConnection) -> None:
-        self._open -= 1
-        self.watched.discard(conn)
-        if conn in self._idle:
-            self._idle.remove(conn)
-        self._wake(None)
-
-    def sweep_soon(self) -> None:
+    def opened(self, conn: UpstreamConnection) -> None:
+        self._conns.add(conn)
         if not self._sweeping:
             self._sweeping = True
             self.loop.call_later(self._tick, self._sweep)
 
+    def lost(self, conn: UpstreamConnection) -> None:
+        self._open -= 1
+        self._conns.discard(conn)
+        if conn in self._idle:
+            self._idle.remove(conn)
+        self._wake(None)
+
     def _sweep(self) -> None:
-        """Time out the watched connections with no byte for the read timeout (checked
-        every quarter of it, at most every second)."""
+        """Time out the connections that wait with no byte for the read timeout (checked
+        every quarter of it, at most every second, while any connection is open)."""
         self._sweeping = False
         deadline = self.loop.time() - self._read_timeout
-        for conn in [c for c in self.watched if c.last_activity <= deadline]:
+        for conn in [c for c in self._conns if c.waiting and c.last_activity <= deadline]:
             exchange = conn.exchange
             conn.close()
             if exchange is not None:
                 exchange.on_lost("timeout")
-        if self.watched:
-            self.sweep_soon()
+        if self._conns:
+            self._sweeping = True
+            self.loop.call_later(self._tick, self._sweep)
 
     def close(self) -> None:
         """Close the idle connections; the busy ones close when their exchange ends."""

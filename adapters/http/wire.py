@@ -2,12 +2,16 @@
 httptools (the way uvicorn builds its server), with no copy of a header or a body.
 
 One :class:`ServerConnection` per client connection parses requests as bytes arrive and
-runs one handler coroutine per request, in order: pipelined requests wait their turn
-(reading pauses while one waits), keep-alive follows the request (``Connection``, HTTP
-version). A request's body arrives in a :class:`Body` its handler reads; reading pauses
-while more than :data:`HIGH_WATER` bytes of it wait. A handler that answered before the
-whole body arrived (413) leaves the rest to be read and discarded. Bytes that are no
-HTTP/1.1 get a 400 and the connection is closed. Writes go straight to the transport;
+handles them one at a time, in order: pipelined requests wait their turn (reading pauses
+while one waits), keep-alive follows the request (``Connection``, HTTP version). A
+request whose body came whole with its head is first offered to the handler's fast path
+(:data:`FastHandler`), which may carry it from protocol callbacks alone, with no task
+and no future, and calls :meth:`ServerConnection.done` when it answered; any other
+request, or one the fast path declines, runs the handler coroutine in a task. A
+request's body arrives in a :class:`Body` its handler reads; reading pauses while more
+than :data:`HIGH_WATER` bytes of it wait. A handler that answered before the whole body
+arrived (413) leaves the rest to be read and discarded. Bytes that are no HTTP/1.1 get a
+400 and the connection is closed. Writes go straight to the transport;
 :attr:`ServerConnection.on_pause` lets a proxy stop reading its upstream while the
 client cannot keep up. When the client goes away, :attr:`ServerConnection.on_lost` is
 called and the handler's body reads fail with :class:`ConnectionError`.
@@ -21,15 +25,19 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from email.utils import formatdate
-from typing import cast
+from typing import Final, cast
 
 import httptools
 
+from adapters.http.messages import HOP_BY_HOP_HEADERS
 from monitor.core.errors import InputError
 
 __all__ = [
     "HIGH_WATER",
+    "HOP_BY_HOP",
+    "NOT_FORWARDED",
     "Body",
+    "FastHandler",
     "Handler",
     "Request",
     "ServerConnection",
@@ -47,6 +55,11 @@ _LOW_WATER = 65_536
 _SPECIAL = frozenset(
     {b"connection", b"content-length", b"expect", b"transfer-encoding", b"x-request-id"}
 )
+HOP_BY_HOP: Final = frozenset(h.encode() for h in HOP_BY_HOP_HEADERS)
+NOT_FORWARDED: Final = HOP_BY_HOP | {b"host", b"expect"}
+"""The request headers a proxy does not pass on as they came: the hop-by-hop ones
+(RFC 9110 7.6.1), ``Host`` (the upstream's own) and ``Expect`` (answered here)."""
+_KEPT_APART = _SPECIAL | NOT_FORWARDED
 
 
 def error_response(status: int, reason: str, message: str, *, close: bool = False) -> bytes:
@@ -100,11 +113,13 @@ class Body:
         self.buffered += len(chunk)
         if self.buffered > HIGH_WATER:
             self._conn.pause_reading()
-        self._wake()
+        if self._waiter is not None:
+            self._wake()
 
     def finish(self) -> None:
         self.done = True
-        self._wake()
+        if self._waiter is not None:
+            self._wake()
 
     def fail(self, exc: BaseException) -> None:
         self.error = exc
@@ -140,7 +155,8 @@ class Body:
         body = b"" if not chunks else chunks[0] if len(chunks) == 1 else b"".join(chunks)
         chunks.clear()
         self.buffered = 0
-        self._conn.resume_reading()
+        if self._conn._read_paused:
+            self._conn.resume_reading()
         return body
 
     def skip_rest(self) -> None:
@@ -152,7 +168,11 @@ class Body:
 
 
 class Request:
-    """One parsed request head, its body to come, and when it was received."""
+    """One parsed request head, its body to come, and when it was received.
+
+    ``headers``: every ``(name, value)`` as received; ``forwarded``: the header lines a
+    proxy passes on (:data:`NOT_FORWARDED` left out), as parts to join.
+    """
 
     __slots__ = (
         "body",
@@ -160,6 +180,7 @@ class Request:
         "connection",
         "content_length",
         "expect",
+        "forwarded",
         "headers",
         "keep_alive",
         "method",
@@ -173,6 +194,7 @@ class Request:
         self.method: bytes = parser.get_method()
         self.target: bytes = conn._url
         self.headers: list[tuple[bytes, bytes]] = conn._headers
+        self.forwarded: list[bytes] = conn._forwarded
         self.version: str = parser.get_http_version()
         self.keep_alive: bool = parser.should_keep_alive()
         special = conn._special
@@ -193,13 +215,23 @@ class Request:
 
 
 Handler = Callable[["Request", "ServerConnection"], Awaitable[None]]
+FastHandler = Callable[["Request", "ServerConnection"], bool]
+"""``fast(request, conn)``: True when it took a request whose whole body is here, and
+will call ``conn.done(request)`` once it answered; False leaves it to the handler. It is
+called from a protocol callback: it must not raise, and must not call ``done`` itself."""
 
 
 class ServerConnection(asyncio.Protocol):
     """One client connection: parse, run each request's handler in turn, keep alive."""
 
-    def __init__(self, handler: Handler, connections: set[ServerConnection]) -> None:
+    def __init__(
+        self,
+        handler: Handler,
+        connections: set[ServerConnection],
+        fast: FastHandler | None = None,
+    ) -> None:
         self._handler = handler
+        self._fast = fast
         self._connections = connections
         self._loop = asyncio.get_event_loop()
         self._parser = httptools.HttpRequestParser(self)
@@ -207,10 +239,14 @@ class ServerConnection(asyncio.Protocol):
         self._url = b""
         self._head_size = 0
         self._headers: list[tuple[bytes, bytes]] = []
+        self._forwarded: list[bytes] = []
         self._special: dict[bytes, bytes] = {}
         self._parsing: Request | None = None
         self._pending: deque[Request] = deque()
         self._task: asyncio.Task[None] | None = None
+        self._busy = False  # a request is being handled, by the task or the fast path
+        self._held: Request | None = None  # offered to the fast path once its body is whole
+        self._idle_waiter: asyncio.Future[None] | None = None
         self._read_paused = False
         self._broken: bytes | None = None  # the error answer owed after the running request
         self.closed = False
@@ -238,11 +274,15 @@ class ServerConnection(asyncio.Protocol):
         on_lost, self.on_lost = self.on_lost, None
         if on_lost is not None:
             on_lost()
+        self._wake_idle()
 
     def data_received(self, data: bytes) -> None:
         answer = None
         try:
             self._parser.feed_data(data)
+            held, self._held = self._held, None
+            if held is not None:  # its body is still coming: the handler reads it
+                self._task = self._loop.create_task(self._run(held))
         except httptools.HttpParserCallbackError as exc:
             cause = exc.__context__
             if isinstance(cause, _HeadTooLargeError):
@@ -254,6 +294,9 @@ class ServerConnection(asyncio.Protocol):
         except httptools.HttpParserError:
             answer = error_response(400, "Bad Request", "malformed HTTP request", close=True)
         if answer is not None:
+            held, self._held = self._held, None
+            if held is not None:  # a bad request behind one whose body is cut short
+                self._task = self._loop.create_task(self._run(held))
             self._fail(answer)
 
     def eof_received(self) -> bool | None:
@@ -261,7 +304,7 @@ class ServerConnection(asyncio.Protocol):
         self._eof = True
         if self._parsing is not None:  # a body cut short never ends
             self._parsing.body.fail(ConnectionError("the client stopped sending"))
-        if self._task is None:
+        if not self._busy:
             self.close()
         return True  # keep the transport open to write the answers
 
@@ -283,6 +326,7 @@ class ServerConnection(asyncio.Protocol):
         self._head_size = 0
         self._url = b""
         self._headers = []
+        self._forwarded = []
         self._special = {}
 
     def on_url(self, url: bytes) -> None:
@@ -298,14 +342,22 @@ class ServerConnection(asyncio.Protocol):
             )
         self._headers.append((name, value))
         low = name.lower()
-        if low in _SPECIAL and (low != b"x-request-id" or low not in self._special):
-            self._special[low] = value  # the last one, but the first X-Request-Id
+        if low in _KEPT_APART:
+            if low in _SPECIAL and (low != b"x-request-id" or low not in self._special):
+                self._special[low] = value  # the last one, but the first X-Request-Id
+            if low in NOT_FORWARDED:
+                return
+        self._forwarded += (name, b": ", value, b"\r\n")
 
     def on_headers_complete(self) -> None:
         request = Request(self, self._parser)
         self._parsing = request
-        if self._task is None:
-            self._task = self._loop.create_task(self._run(request))
+        if not self._busy:
+            self._busy = True
+            if self._fast is not None:
+                self._held = request  # decided when its body is complete
+            else:
+                self._task = self._loop.create_task(self._run(request))
         else:
             self._pending.append(request)
             self.pause_reading()  # one request in hand is enough: it waits its turn
@@ -319,13 +371,68 @@ class ServerConnection(asyncio.Protocol):
         if request is not None:
             request.received_at = self._loop.time()
             request.body.finish()
+            if request is self._held:
+                self._held = None
+                fast = self._fast
+                if fast is None or not fast(request, self):
+                    self._task = self._loop.create_task(self._run(request))
 
     # -- running requests --------------------------------------------------------------------
 
-    async def _run(self, request: Request | None) -> None:
+    def _start(self, request: Request) -> None:
+        """Handle ``request`` (the connection is busy): the fast path, else a task."""
+        fast = self._fast
+        if fast is None or not request.body.done or not fast(request, self):
+            self._task = self._loop.create_task(self._run(request))
+
+    def done(self, request: Request) -> None:
+        """The fast path answered ``request``: go on with the next one, or close."""
+        transport = self.transport
+        if request.keep_alive and transport is not None and not transport.is_closing():
+            if self._pending:
+                self._start(self._next())  # type: ignore[arg-type]
+                return
+            if self._read_paused:
+                self.resume_reading()
+        else:
+            self.close()
+        if self._eof or self._broken is not None or self._idle_waiter is not None:
+            self._idle()
+        else:
+            self._busy = False
+
+    def _next(self) -> Request | None:
+        """The pipelined request that waits its turn (reading resumes once none waits)."""
+        request = self._pending.popleft() if self._pending else None
+        if not self._pending:
+            self.resume_reading()
+        return request
+
+    def _idle(self) -> None:
+        """No request in hand: close after a half-close or a broken request."""
+        self._busy = False
+        if self._eof:
+            self.close()
+        if self._broken is not None and not self.closed:
+            self.write(self._broken)
+            self.close()
+        self._wake_idle()
+
+    def _wake_idle(self) -> None:
+        waiter, self._idle_waiter = self._idle_waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def resume(self, request: Request, handler: Handler) -> None:
+        """The fast path, which took ``request``, must wait after all: ``handler`` goes on
+        with it in a task (the connection's requests then follow in that task)."""
+        self._task = self._loop.create_task(self._run(request, handler))
+
+    async def _run(self, request: Request | None, handler: Handler | None = None) -> None:
         while request is not None and not self.closed:
             try:
-                await self._handler(request, self)
+                await (handler or self._handler)(request, self)
+                handler = None
             except Exception:  # the handler guards itself: this is a last resort
                 self.abort()
                 break
@@ -338,18 +445,16 @@ class ServerConnection(asyncio.Protocol):
                     await request.body.read()  # b"" once the dropped rest has been read
                 except ConnectionError:
                     break
-            request = self._pending.popleft() if self._pending else None
-            if not self._pending:
-                self.resume_reading()
+            request = self._next()
+            if request is not None and request.body.done and self._fast is not None:
+                self._task = None
+                self._start(request)  # back to the fast path (or a new task)
+                return
         self._task = None
-        if self._eof:
-            self.close()
-        if self._broken is not None and not self.closed:
-            self.write(self._broken)
-            self.close()
+        self._idle()
 
     def _fail(self, answer: bytes) -> None:
-        if self._task is None:
+        if not self._busy:
             self.write(answer)
             self.close()
         else:  # answered after the request that is running, then closed
@@ -357,9 +462,15 @@ class ServerConnection(asyncio.Protocol):
             self.pause_reading()
 
     @property
-    def running(self) -> asyncio.Task[None] | None:
-        """The task handling this connection's requests (None between requests)."""
-        return self._task
+    def running(self) -> asyncio.Future[None] | None:
+        """Done when the request in hand is answered (None between requests)."""
+        if not self._busy or self.closed:
+            return None
+        if self._task is not None:
+            return self._task
+        if self._idle_waiter is None:
+            self._idle_waiter = self._loop.create_future()
+        return self._idle_waiter
 
     # -- for handlers ------------------------------------------------------------------------
 

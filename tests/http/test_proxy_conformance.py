@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -374,4 +375,101 @@ async def test_a_pooled_connection_the_upstream_closed_unanswered_is_retried_on_
         upstream.close()
         for each in writers:
             each.close()
+        await upstream.wait_closed()
+
+
+def count_handler_tasks(loop: asyncio.AbstractEventLoop) -> list[str]:
+    """From now on, the name of every task ``loop`` creates (a task factory that counts)."""
+    created: list[str] = []
+
+    def factory(
+        loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any], **kwargs: Any
+    ) -> asyncio.Task[Any]:
+        created.append(coro.__qualname__)
+        return asyncio.Task(coro, loop=loop, **kwargs)
+
+    loop.set_task_factory(factory)  # type: ignore[arg-type]
+    return created
+
+
+async def test_a_request_whose_body_came_with_its_head_is_carried_without_a_task(
+    proxied: tuple[TrafficServer, CollectorRegistry], raw_upstream: RawUpstream
+) -> None:
+    server, registry = proxied
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.bound_port)
+    writer.write(get("/echo/first"))  # opens the pooled upstream connection (in a task)
+    assert (await read_response(reader))[2] == b"/echo/first"
+    loop = asyncio.get_running_loop()
+    created = count_handler_tasks(loop)
+    try:
+        for i in range(20):  # keep-alive, bodies in the same write as their heads
+            body = f"payload {i}".encode()
+            raw = get("/id", f"X-Request-Id: f{i}", f"Content-Length: {len(body)}", method="POST")
+            writer.write(raw + body)
+            status, _, answer = await asyncio.wait_for(read_response(reader), 10)
+            assert (status, answer) == (200, b"f%d|%b" % (i, body))
+    finally:
+        loop.set_task_factory(None)
+    writer.close()
+    handler_tasks = [name for name in created if name.startswith(("ServerConnection", "Proxy"))]
+    assert handler_tasks == []  # all 20 from the protocol callbacks alone
+    assert raw_upstream.connections == 1
+    assert sample(registry, "relmon_proxy_requests_total", status_class="2xx") == 21
+
+
+async def test_a_pipelined_request_whose_body_is_still_coming_follows_a_fast_one(
+    proxied: tuple[TrafficServer, CollectorRegistry], raw_upstream: RawUpstream
+) -> None:
+    server, _ = proxied
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.bound_port)
+    writer.write(get("/echo/warm"))
+    assert (await read_response(reader))[2] == b"/echo/warm"
+    # A whole request (the fast path), then the head of one whose body comes later.
+    late = get("/id", "X-Request-Id: late", "Content-Length: 10", method="POST")
+    writer.write(get("/echo/fast") + late + b"01234")
+    assert (await asyncio.wait_for(read_response(reader), 10))[2] == b"/echo/fast"
+    writer.write(b"56789")
+    status, _, answer = await asyncio.wait_for(read_response(reader), 10)
+    assert (status, answer) == (200, b"late|0123456789")
+    writer.write(get("/echo/after"))  # and the connection goes on (back on the fast path)
+    assert (await asyncio.wait_for(read_response(reader), 10))[2] == b"/echo/after"
+    writer.close()
+    assert raw_upstream.connections == 1
+
+
+async def test_stop_lets_an_answer_in_flight_on_the_fast_path_finish(
+    start_traffic: StartTraffic,
+) -> None:
+    asked = asyncio.Event()
+    release = asyncio.Event()
+
+    async def slow_second(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        for n in range(2):
+            await reader.readuntil(b"\r\n\r\n")
+            if n == 1:  # the second request, on the pooled connection: held until released
+                asked.set()
+                await release.wait()
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\ndone")
+            await writer.drain()
+        writer.close()
+
+    upstream = await asyncio.start_server(slow_second, "127.0.0.1", 0)
+    port = upstream.sockets[0].getsockname()[1]
+    try:
+        server = await start_traffic("proxy", Recorder(), upstream_url=f"http://127.0.0.1:{port}")
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.bound_port)
+        writer.write(get("/one"))
+        assert (await read_response(reader))[::2] == (200, b"done")
+        writer.write(get("/two"))
+        await asyncio.wait_for(asked.wait(), 10)
+        stopping = asyncio.create_task(server.stop())
+        await asyncio.sleep(0.05)
+        assert not stopping.done()  # it waits for the answer in flight
+        release.set()
+        assert (await asyncio.wait_for(read_response(reader), 10))[::2] == (200, b"done")
+        await asyncio.wait_for(stopping, 10)
+        assert await asyncio.wait_for(reader.read(), 10) == b""  # then the connection closed
+        writer.close()
+    finally:
+        upstream.close()
         await upstream.wait_closed()

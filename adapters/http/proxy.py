@@ -36,6 +36,7 @@ from adapters.http.upstream import UpstreamConnection, UpstreamPool
 from adapters.http.wire import (
     HOP_BY_HOP,
     NOT_FORWARDED,
+    HeaderKinds,
     Request,
     ServerConnection,
     error_response,
@@ -61,8 +62,13 @@ WHOLE_BODY_BYTES: Final = 65_536
 _HOP: Final = HOP_BY_HOP
 _CONTINUE: Final = b"HTTP/1.1 100 Continue\r\n\r\n"
 _PLAIN_CONNECTION: Final = frozenset({b"keep-alive", b"close"})
-# Answer headers the proxy reads as it copies them: 1 length, 2 type, 3 date.
-_READ: Final = {b"content-length": 1, b"content-type": 2, b"date": 3}
+# Answer header kinds: 0 relayed as it came; 1 length, 2 type, 3 date (read as relayed);
+# 4 Connection and 5 the other hop-by-hop ones (not relayed).
+_response_kind: Final = HeaderKinds(
+    dict.fromkeys(HOP_BY_HOP, 5)
+    | {b"connection": 4, b"content-length": 1, b"content-type": 2, b"date": 3}
+)
+_NO_HEADERS: Final[list[tuple[bytes, bytes]]] = []  # never changed: replaced
 _log = structlog.get_logger("adapters.http.traffic")
 
 
@@ -159,7 +165,12 @@ class ProxyExchange:
     )
 
     def __init__(
-        self, req: Request, client: ServerConnection, fwd: Forwarding, guard: ExchangeGuard
+        self,
+        req: Request,
+        client: ServerConnection,
+        fwd: Forwarding,
+        guard: ExchangeGuard,
+        on_end: Callable[[ProxyExchange, str | None], None] | None = None,
     ) -> None:
         self.req = req
         self.client = client
@@ -168,18 +179,19 @@ class ProxyExchange:
         self.conn: UpstreamConnection | None = None
         self.finished: asyncio.Future[str | None] | None = None
         # Without ``finished`` (the fast path): called once with the outcome instead.
-        self.on_end: Callable[[ProxyExchange, str | None], None] | None = None
+        self.on_end = on_end
         self.sent_at = 0.0
         self.body = b""  # the request body, when held whole
         self.status = 0
-        self.resp_headers: list[tuple[bytes, bytes]] = []
+        self.resp_headers: list[tuple[bytes, bytes]] = _NO_HEADERS
         self._whole: list[bytes] | None = None
         self._rechunk = False
         self.capture: list[bytes] | None = None
         self._captured = 0
         self.upstream_done_at = self.client_done_at = 0.0
         self.oversize_response = False
-        self.sample = False  # an event with its whole request body: keep a 2xx answer
+        # An event with its whole request body: keep a 2xx answer.
+        self.sample = guard.event
 
     # -- the request ---------------------------------------------------------------------
 
@@ -286,20 +298,21 @@ class ProxyExchange:
         length: int | None = None
         sse = has_date = False
         parts = [b"HTTP/1.1 %d %b\r\n" % (status, reason)]
+        kind_of = _response_kind
         for name, value in headers:  # one pass; a name the Connection header lists: below
-            low = name.lower()
-            if low in _HOP:
-                if low == b"connection" and value.lower() not in _PLAIN_CONNECTION:
-                    named = _named(value) - _HOP
-                continue
+            kind = kind_of(name)
+            if kind:
+                if kind >= 4:  # hop-by-hop: not relayed
+                    if kind == 4 and value.lower() not in _PLAIN_CONNECTION:
+                        named = _named(value) - _HOP
+                    continue
+                if kind == 1:
+                    length = int(value) if value.isdigit() else None
+                elif kind == 2:
+                    sse = value.startswith(b"text/event-stream")
+                else:
+                    has_date = True
             parts += (name, b": ", value, b"\r\n")
-            kind = _READ.get(low)
-            if kind == 1:
-                length = int(value) if value.isdigit() else None
-            elif kind == 2:
-                sse = value.startswith(b"text/event-stream")
-            elif kind == 3:
-                has_date = True
         if named:  # rare: headers made hop-by-hop by the Connection header
             del parts[1:]
             for name, value in headers:
@@ -443,9 +456,7 @@ class Proxy:
             return False
         try:
             guard = ExchangeGuard(self.intake, req.method == b"POST" and is_chat_target(req.target))
-            exchange = ProxyExchange(req, client, fwd, guard)
-            exchange.sample = guard.event
-            exchange.on_end = self._fast_end
+            exchange = ProxyExchange(req, client, fwd, guard, self._fast_end)
             client.on_lost = exchange._client_lost
         except Exception:  # a bug: the handler takes the request and reports it
             fwd.pool.release(conn)
@@ -461,7 +472,7 @@ class Proxy:
             client.resume(exchange.req, lambda req, client: self._retry(exchange))
             return
         try:
-            if exchange.settle(outcome) is None:
+            if exchange.settle(outcome) is None and exchange.sample:
                 self._offer(exchange)
         except Exception as exc:
             self._failed(exc, exchange.guard, client)

@@ -188,7 +188,13 @@ class UpstreamConnection(asyncio.Protocol):
         if self._interim:
             self._interim = False
             return
-        self._finish()
+        if not self.complete:  # :meth:`_finish`, inline: once per answer
+            self.complete = True
+            self.waiting = False
+            exchange = self.exchange
+            if exchange is not None:
+                self.exchange = None
+                exchange.on_done()
 
     def _finish(self) -> None:
         if self.complete:

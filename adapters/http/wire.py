@@ -39,6 +39,7 @@ __all__ = [
     "Body",
     "FastHandler",
     "Handler",
+    "HeaderKinds",
     "Request",
     "ServerConnection",
     "error_response",
@@ -51,15 +52,41 @@ MAX_FIELD_BYTES = 8190
 """The longest request target or header line taken (aiohttp's limits); longer: 400/431."""
 MAX_HEAD_BYTES = 65_536
 _LOW_WATER = 65_536
-# Headers the traffic port reads itself (kept apart as they are parsed).
-_SPECIAL = frozenset(
-    {b"connection", b"content-length", b"expect", b"transfer-encoding", b"x-request-id"}
-)
 HOP_BY_HOP: Final = frozenset(h.encode() for h in HOP_BY_HOP_HEADERS)
 NOT_FORWARDED: Final = HOP_BY_HOP | {b"host", b"expect"}
 """The request headers a proxy does not pass on as they came: the hop-by-hop ones
 (RFC 9110 7.6.1), ``Host`` (the upstream's own) and ``Expect`` (answered here)."""
-_KEPT_APART = _SPECIAL | NOT_FORWARDED
+
+
+class HeaderKinds:
+    """What a header name is, by the raw name as it came: ``kinds`` maps lower-case
+    names to a kind (any other name is kind 0); answers are remembered for up to
+    ``limit`` distinct raw names (a client's own names cannot grow it without bound), so
+    the few names a peer sends again and again cost one dict lookup, not a ``lower()``."""
+
+    __slots__ = ("_kinds", "_limit", "_seen")
+
+    def __init__(self, kinds: dict[bytes, int], limit: int = 512) -> None:
+        self._kinds = kinds
+        self._limit = limit
+        self._seen: dict[bytes, int] = {}
+
+    def __call__(self, name: bytes) -> int:
+        kind = self._seen.get(name)
+        if kind is None:
+            kind = self._kinds.get(name.lower(), 0)
+            if len(self._seen) < self._limit:
+                self._seen[name] = kind
+        return kind
+
+
+# Request header kinds: 0 forwarded as it came; 1-5 read here (1-2 forwarded too).
+_LENGTH, _REQUEST_ID, _CONNECTION, _ENCODING, _EXPECT, _DROPPED = 1, 2, 3, 4, 5, 6
+_request_kind = HeaderKinds(
+    dict.fromkeys(NOT_FORWARDED, _DROPPED)
+    | {b"content-length": _LENGTH, b"x-request-id": _REQUEST_ID}
+    | {b"connection": _CONNECTION, b"transfer-encoding": _ENCODING, b"expect": _EXPECT}
+)
 
 
 def error_response(status: int, reason: str, message: str, *, close: bool = False) -> bytes:
@@ -194,15 +221,35 @@ class Request:
         self.method: bytes = parser.get_method()
         self.target: bytes = conn._url
         self.headers: list[tuple[bytes, bytes]] = conn._headers
-        self.forwarded: list[bytes] = conn._forwarded
         self.version: str = parser.get_http_version()
         self.keep_alive: bool = parser.should_keep_alive()
-        special = conn._special
-        self.connection: bytes = special.get(b"connection", b"")
-        self.expect: bytes | None = special.get(b"expect")
-        self.request_id: bytes | None = special.get(b"x-request-id")
-        self.chunked = b"chunked" in special.get(b"transfer-encoding", b"").lower()
-        length = special.get(b"content-length")
+        # One pass over the headers: the ones read here (the last of each, but the first
+        # X-Request-Id), and the lines a proxy forwards.
+        forwarded: list[bytes] = []
+        connection = b""
+        expect = request_id = length = encoding = None
+        kind_of = _request_kind
+        for name, value in self.headers:
+            kind = kind_of(name)
+            if kind:
+                if kind == _LENGTH:
+                    length = value
+                elif kind == _REQUEST_ID:
+                    request_id = value if request_id is None else request_id
+                else:
+                    if kind == _CONNECTION:
+                        connection = value
+                    elif kind == _ENCODING:
+                        encoding = value
+                    elif kind == _EXPECT:
+                        expect = value
+                    continue  # not forwarded
+            forwarded += (name, b": ", value, b"\r\n")
+        self.forwarded = forwarded
+        self.connection: bytes = connection
+        self.expect: bytes | None = expect
+        self.request_id: bytes | None = request_id
+        self.chunked = encoding is not None and b"chunked" in encoding.lower()
         self.content_length: int | None = None
         if length is not None and length.isdigit():
             self.content_length = int(length)
@@ -239,8 +286,6 @@ class ServerConnection(asyncio.Protocol):
         self._url = b""
         self._head_size = 0
         self._headers: list[tuple[bytes, bytes]] = []
-        self._forwarded: list[bytes] = []
-        self._special: dict[bytes, bytes] = {}
         self._parsing: Request | None = None
         self._pending: deque[Request] = deque()
         self._task: asyncio.Task[None] | None = None
@@ -326,8 +371,6 @@ class ServerConnection(asyncio.Protocol):
         self._head_size = 0
         self._url = b""
         self._headers = []
-        self._forwarded = []
-        self._special = {}
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -336,18 +379,11 @@ class ServerConnection(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._head_size += len(name) + len(value)
+        self._headers.append((name, value))
         if len(value) > MAX_FIELD_BYTES or self._head_size > MAX_HEAD_BYTES:
             raise _HeadTooLargeError(
                 431, "Request Header Fields Too Large", "request headers too large"
             )
-        self._headers.append((name, value))
-        low = name.lower()
-        if low in _KEPT_APART:
-            if low in _SPECIAL and (low != b"x-request-id" or low not in self._special):
-                self._special[low] = value  # the last one, but the first X-Request-Id
-            if low in NOT_FORWARDED:
-                return
-        self._forwarded += (name, b": ", value, b"\r\n")
 
     def on_headers_complete(self) -> None:
         request = Request(self, self._parser)

@@ -79,16 +79,18 @@ class HeaderView(Mapping[str, str]):
 
     def __getitem__(self, key: str) -> str:
         want = _wanted(key)
+        size = len(want)
         for name, value in self._raw:
-            if name.lower() == want:
+            if len(name) == size and name.lower() == want:
                 return value.decode("utf-8", "surrogateescape")
         raise KeyError(key)
 
     def get(self, key: str, default: Any = None) -> Any:
         """``self[key]``, else ``default`` (no exception raised and caught when absent)."""
         want = _wanted(key)
+        size = len(want)
         for name, value in self._raw:
-            if name.lower() == want:
+            if len(name) == size and name.lower() == want:
                 return value.decode("utf-8", "surrogateescape")
         return default
 

@@ -46,6 +46,11 @@ class TaskRouter:
             ),
             None,
         )
+        # The tasks an event whose task follows from its model may get: those matched by
+        # model, and the catch-all one (skip_unsampled_any_model, for every such event).
+        self.by_model = [t for t in tasks.values() if t.settings.match.model is not None]
+        if self._catch_all is not None:
+            self.by_model.append(self._catch_all)
 
     def resolve(self, event: TrafficEvent) -> TaskRuntime | None:
         return self.resolve_fields(event.task, event.model)
@@ -164,12 +169,7 @@ class AdmissionControl:
         read: True (counted ``skipped``) when it would be skipped whatever the model,
         that is, not sampled by any task a model can select (those matched by model,
         and the catch-all task)."""
-        router = self.router
-        candidates = [t for t in router.tasks.values() if t.settings.match.model is not None]
-        fallback = router.resolve_fields(None, None)
-        if fallback is not None:
-            candidates.append(fallback)
-        for task in candidates:
+        for task in self.router.by_model:
             if sampled(task.name, event_id, task.settings.sampling_rate):
                 return False
         self.count(source, "skipped")

@@ -310,16 +310,19 @@ log_format: json
     )
 
 
-def start_relmon(config: Path, log: Path, ready_port: int) -> subprocess.Popen[bytes]:
-    """``relmon run --config`` as its own process, once /readyz answers 200."""
-    env = {**os.environ, "RELMON_REVIEW_TOKEN": REVIEW_TOKEN, "PYTHONPATH": str(ROOT)}
+def start_relmon(
+    config: Path, log: Path, ready_port: int, tree: Path = ROOT
+) -> subprocess.Popen[bytes]:
+    """``relmon run --config`` as its own process, once /readyz answers 200 (``tree``:
+    the checkout whose code runs, this one unless another is compared)."""
+    env = {**os.environ, "RELMON_REVIEW_TOKEN": REVIEW_TOKEN, "PYTHONPATH": str(tree)}
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "monitor", "run", "--config", str(config)],
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            cwd=ROOT,
+            cwd=tree,
             env=env,
         )
     try:
@@ -331,13 +334,15 @@ def start_relmon(config: Path, log: Path, ready_port: int) -> subprocess.Popen[b
 
 
 def start_relmon_service(
-    tmp: Path, model_url: str, **options: Any
+    tmp: Path, model_url: str, tree: Path = ROOT, **options: Any
 ) -> tuple[subprocess.Popen[bytes], dict[str, int]]:
-    """``relmon run`` on free ports with :func:`relmon_config` (``options``) in ``tmp``."""
+    """``relmon run`` on free ports with :func:`relmon_config` (``options``) in ``tmp``
+    (``tree``: as :func:`start_relmon`)."""
     ports = {k: free_port() for k in ("metrics", "review", "traffic")}
+    tmp.mkdir(parents=True, exist_ok=True)
     config = tmp / "relmon.yaml"
     relmon_config(config, model_url=model_url, state_dir=tmp / "state", ports=ports, **options)
-    proc = start_relmon(config, tmp / "relmon.log", ports["metrics"])
+    proc = start_relmon(config, tmp / "relmon.log", ports["metrics"], tree)
     try:  # /readyz may answer before the traffic listener is up
         wait_port(ports["traffic"], proc)
     except RuntimeError:

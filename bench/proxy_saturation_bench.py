@@ -20,6 +20,10 @@ Debian's ``wrk`` (one thread, closed loop, a 1.7 KB chat-completion request body
 
 ``--data-plane uvloop|asyncio`` puts the proxy's data plane alone in relmon's place (its
 TrafficServer, every event skipped: no service around it) on that event loop.
+``--with-lean`` adds ``bench/lean_proxy.py`` (the leanest Python proxy: what the
+interpreter reaches here) and ``--baseline-tree PATH`` the same relmon (data plane or
+whole service) from another checkout, say the code before a change (``git worktree add
+PATH COMMIT``), as targets of the same run: before/after ratios from one run.
 
 Reported: medians over ``--repeats`` repeats and the ratios relmon/nginx. With
 ``--profile FILE`` py-spy samples relmon during its first saturation run and the
@@ -251,15 +255,38 @@ def _summarize(latency: list[dict[str, Any]], saturation: list[dict[str, Any]]) 
         "requests_per_s": rs["requests_per_s"] / ns["requests_per_s"],
         "cpu_per_request": rs["cpu_s_per_10k"] / ns["cpu_s_per_10k"],
     }
-    if "lean" in targets:  # the floor a Python proxy reaches here, against nginx too
-        la, ls = out["latency"]["lean_added"], out["saturation"]["lean"]
-        out["lean_ratios"] = {
-            "added_p50": la["p50_ms"] / na["p50_ms"] if na["p50_ms"] > 0 else None,
-            "added_p99": la["p99_ms"] / na["p99_ms"] if na["p99_ms"] > 0 else None,
-            "requests_per_s": ls["requests_per_s"] / ns["requests_per_s"],
-            "cpu_per_request": ls["cpu_s_per_10k"] / ns["cpu_s_per_10k"],
-        }
+    for other in ("before", "lean"):  # also against nginx, in the same run
+        if other in targets:
+            oa, os_ = out["latency"][f"{other}_added"], out["saturation"][other]
+            out[f"{other}_ratios"] = {
+                "added_p50": oa["p50_ms"] / na["p50_ms"] if na["p50_ms"] > 0 else None,
+                "added_p99": oa["p99_ms"] / na["p99_ms"] if na["p99_ms"] > 0 else None,
+                "requests_per_s": os_["requests_per_s"] / ns["requests_per_s"],
+                "cpu_per_request": os_["cpu_s_per_10k"] / ns["cpu_s_per_10k"],
+            }
     return out
+
+
+def _start_relmon(
+    args: argparse.Namespace, tmp: Path, up_port: int, tree: Path
+) -> tuple[subprocess.Popen[bytes], int]:
+    """relmon from ``tree``: its data plane alone (``--data-plane``) or ``relmon run``
+    in proxy mode; the process and its traffic port."""
+    if args.data_plane:
+        cmd = [sys.executable, str(tree / "bench" / Path(__file__).name), "--serve-data-plane"]
+        cmd += [args.data_plane, f"http://127.0.0.1:{up_port}"]
+        return benchlib.spawn_with_port(
+            cmd, "data plane", env={**os.environ, "PYTHONPATH": str(tree)}
+        )
+    proc, ports = benchlib.start_relmon_service(
+        tmp,
+        f"http://127.0.0.1:{up_port}/v1",
+        tree,
+        traffic_mode="proxy",
+        upstream_url=f"http://127.0.0.1:{up_port}",
+        traffic_extra=args.traffic_extra,
+    )
+    return proc, ports["traffic"]
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -274,29 +301,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         else:
             cmd = [sys.executable, str(Path(__file__).with_name("proxy_latency_bench.py"))]
             upstream, up_port = benchlib.spawn_with_port([*cmd, "--serve-upstream"], "upstream")
-        relmon = nginx = lean = None
+        relmon = nginx = lean = before = None
         try:
-            if args.data_plane:
-                cmd = [sys.executable, str(Path(__file__).resolve()), "--serve-data-plane"]
-                cmd += [args.data_plane, f"http://127.0.0.1:{up_port}"]
-                relmon, port = benchlib.spawn_with_port(cmd, "data plane")
-                ports = {"traffic": port}
-            else:
-                relmon, ports = benchlib.start_relmon_service(
-                    tmp,
-                    f"http://127.0.0.1:{up_port}/v1",
-                    traffic_mode="proxy",
-                    upstream_url=f"http://127.0.0.1:{up_port}",
-                    traffic_extra=args.traffic_extra,
-                )
+            relmon, port = _start_relmon(args, tmp / "relmon", up_port, benchlib.ROOT)
             nginx = start_nginx(tmp / "nginx", nginx_port, up_port)
             path = "/v1/chat/completions"
             urls = {
                 "direct": f"http://127.0.0.1:{up_port}{path}",
-                "relmon": f"http://127.0.0.1:{ports['traffic']}{path}",
+                "relmon": f"http://127.0.0.1:{port}{path}",
                 "nginx": f"http://127.0.0.1:{nginx_port}{path}",
             }
             pids = {"relmon": [relmon.pid], "nginx": _family(nginx.pid)}
+            if args.baseline_tree is not None:
+                before, before_port = _start_relmon(
+                    args, tmp / "before", up_port, args.baseline_tree
+                )
+                urls["before"] = f"http://127.0.0.1:{before_port}{path}"
+                pids["before"] = [before.pid]
             if args.with_lean:
                 cmd = [sys.executable, str(Path(__file__).with_name("lean_proxy.py")), str(up_port)]
                 lean, lean_port = benchlib.spawn_with_port(cmd, "lean proxy")
@@ -304,7 +325,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 pids["lean"] = [lean.pid]
             latency, saturation = _measure(urls, pids, script, args)
         finally:
-            for proc in (nginx, relmon, lean):
+            for proc in (nginx, relmon, lean, before):
                 if proc is not None:
                     benchlib.stop(proc)
             benchlib.stop(upstream)
@@ -320,6 +341,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "data_plane": args.data_plane,
         "upstream": args.upstream,
         "with_lean": args.with_lean,
+        "baseline_tree": str(args.baseline_tree) if args.baseline_tree else None,
         "machine": start_machine,
         "repeat_results": {"latency": latency, "saturation": saturation},
     }
@@ -370,6 +392,11 @@ def main() -> None:
     )
     parser.add_argument("--serve-data-plane", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument(
+        "--baseline-tree",
+        type=Path,
+        help="also measure relmon from this checkout (the code before a change)",
+    )
+    parser.add_argument(
         "--with-lean",
         action="store_true",
         help="also measure bench/lean_proxy.py (the floor a Python proxy reaches here)",
@@ -412,12 +439,14 @@ def main() -> None:
         + (f"x{x['added_p99']:.2f}" if x["added_p99"] is not None else "n/a")
         + f", req/s x{x['requests_per_s']:.2f}, CPU per request x{x['cpu_per_request']:.2f}"
     )
-    if "lean_ratios" in report:
-        y = report["lean_ratios"]
-        print(
-            f"  lean/nginx: added p50 x{y['added_p50']:.2f}, added p99 x{y['added_p99']:.2f}, "
-            f"req/s x{y['requests_per_s']:.2f}, CPU per request x{y['cpu_per_request']:.2f}"
-        )
+    for other in ("before", "lean"):
+        if f"{other}_ratios" in report:
+            y = report[f"{other}_ratios"]
+            print(
+                f"{other:>6}/nginx: added p50 x{y['added_p50']:.2f}, added p99 "
+                f"x{y['added_p99']:.2f}, req/s x{y['requests_per_s']:.2f}, "
+                f"CPU per request x{y['cpu_per_request']:.2f}"
+            )
 
 
 if __name__ == "__main__":

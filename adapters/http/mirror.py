@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import structlog
 
+from adapters.http.exchange import ExchangeGuard
 from adapters.http.intake import HeaderView, Intake, request_id
-from adapters.http.proxy import ExchangeGuard, expect_answered, is_chat_target, target_path
-from adapters.http.wire import Request, ServerConnection, error_response, http_date, read_prefix
+from adapters.http.proxy import expect_answered, is_chat_target, target_path
+from adapters.http.request import Request, read_prefix
+from adapters.http.wire import ServerConnection, error_response, http_date
 from monitor.core.failures import internal_error, raised_at
 
 __all__ = ["Mirror"]

@@ -28,10 +28,11 @@ from typing import Any, Literal
 import structlog
 from yarl import URL
 
+from adapters.http.exchange import Forwarding
 from adapters.http.intake import Intake, RejectCallback, SkipCallback, TaskResolver
 from adapters.http.messages import HOP_BY_HOP_HEADERS, json_response_text, sse_response_text
 from adapters.http.mirror import Mirror
-from adapters.http.proxy import Forwarding, Proxy, is_chat_completions_path
+from adapters.http.proxy import Proxy, is_chat_completions_path
 from adapters.http.proxy_metrics import ProxyMetrics
 from adapters.http.upstream import UpstreamPool
 from adapters.http.wire import FastHandler, Handler, ServerConnection

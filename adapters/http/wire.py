@@ -8,8 +8,8 @@ request whose body came whole with its head is first offered to the handler's fa
 (:data:`FastHandler`), which may carry it from protocol callbacks alone, with no task
 and no future, and calls :meth:`ServerConnection.done` when it answered; any other
 request, or one the fast path declines, runs the handler coroutine in a task. A
-request's body arrives in a :class:`Body` its handler reads; reading pauses while more
-than :data:`HIGH_WATER` bytes of it wait. A handler that answered before the whole body
+request's body arrives in a :class:`~adapters.http.request.Body` its handler reads
+(:mod:`adapters.http.request`). A handler that answered before the whole body
 arrived (413) leaves the rest to be read and discarded. Bytes that are no HTTP/1.1 get a
 400 and the connection is closed. Writes go straight to the transport;
 :attr:`ServerConnection.on_pause` lets a proxy stop reading its upstream while the
@@ -25,68 +25,26 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from email.utils import formatdate
-from typing import Final, cast
+from typing import cast
 
 import httptools
 
-from adapters.http.messages import HOP_BY_HOP_HEADERS
+from adapters.http.request import Body, Request
 from monitor.core.errors import InputError
 
 __all__ = [
-    "HIGH_WATER",
-    "HOP_BY_HOP",
-    "NOT_FORWARDED",
-    "Body",
+    "MAX_FIELD_BYTES",
+    "MAX_HEAD_BYTES",
     "FastHandler",
     "Handler",
-    "HeaderKinds",
-    "Request",
     "ServerConnection",
     "error_response",
     "http_date",
-    "read_prefix",
 ]
 
-HIGH_WATER = 262_144
 MAX_FIELD_BYTES = 8190
 """The longest request target or header line taken (aiohttp's limits); longer: 400/431."""
 MAX_HEAD_BYTES = 65_536
-_LOW_WATER = 65_536
-HOP_BY_HOP: Final = frozenset(h.encode() for h in HOP_BY_HOP_HEADERS)
-NOT_FORWARDED: Final = HOP_BY_HOP | {b"host", b"expect"}
-"""The request headers a proxy does not pass on as they came: the hop-by-hop ones
-(RFC 9110 7.6.1), ``Host`` (the upstream's own) and ``Expect`` (answered here)."""
-
-
-class HeaderKinds:
-    """What a header name is, by the raw name as it came: ``kinds`` maps lower-case
-    names to a kind (any other name is kind 0); answers are remembered for up to
-    ``limit`` distinct raw names (a client's own names cannot grow it without bound), so
-    the few names a peer sends again and again cost one dict lookup, not a ``lower()``."""
-
-    __slots__ = ("_kinds", "_limit", "_seen")
-
-    def __init__(self, kinds: dict[bytes, int], limit: int = 512) -> None:
-        self._kinds = kinds
-        self._limit = limit
-        self._seen: dict[bytes, int] = {}
-
-    def __call__(self, name: bytes) -> int:
-        kind = self._seen.get(name)
-        if kind is None:
-            kind = self._kinds.get(name.lower(), 0)
-            if len(self._seen) < self._limit:
-                self._seen[name] = kind
-        return kind
-
-
-# Request header kinds: 0 forwarded as it came; 1-5 read here (1-2 forwarded too).
-_LENGTH, _REQUEST_ID, _CONNECTION, _ENCODING, _EXPECT, _DROPPED = 1, 2, 3, 4, 5, 6
-_request_kind = HeaderKinds(
-    dict.fromkeys(NOT_FORWARDED, _DROPPED)
-    | {b"content-length": _LENGTH, b"x-request-id": _REQUEST_ID}
-    | {b"connection": _CONNECTION, b"transfer-encoding": _ENCODING, b"expect": _EXPECT}
-)
 
 
 def error_response(status: int, reason: str, message: str, *, close: bool = False) -> bytes:
@@ -115,150 +73,6 @@ class _HeadTooLargeError(InputError):
     def __init__(self, status: int, reason: str, message: str) -> None:
         super().__init__(message)
         self.status, self.reason, self.message = status, reason, message
-
-
-class Body:
-    """A request body as it arrives; :meth:`read` gives its chunks, ``b""`` at the end."""
-
-    __slots__ = ("_chunks", "_conn", "_waiter", "buffered", "discard", "done", "error", "size")
-
-    def __init__(self, conn: ServerConnection) -> None:
-        self._conn = conn
-        self._chunks: deque[bytes] = deque()
-        self._waiter: asyncio.Future[None] | None = None
-        self.buffered = 0
-        self.size = 0
-        self.done = False
-        self.discard = False
-        self.error: BaseException | None = None
-
-    def feed(self, chunk: bytes) -> None:
-        self.size += len(chunk)
-        if self.discard:
-            return
-        self._chunks.append(chunk)
-        self.buffered += len(chunk)
-        if self.buffered > HIGH_WATER:
-            self._conn.pause_reading()
-        if self._waiter is not None:
-            self._wake()
-
-    def finish(self) -> None:
-        self.done = True
-        if self._waiter is not None:
-            self._wake()
-
-    def fail(self, exc: BaseException) -> None:
-        self.error = exc
-        self._wake()
-
-    def _wake(self) -> None:
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    async def read(self) -> bytes:
-        """The next chunk, ``b""`` at the end; ConnectionError if the client left."""
-        while not self._chunks:
-            if self.error is not None:
-                raise ConnectionError("the client closed the connection")
-            if self.done:
-                return b""
-            self._waiter = asyncio.get_running_loop().create_future()
-            await self._waiter
-            self._waiter = None
-        chunk = self._chunks.popleft()
-        self.buffered -= len(chunk)
-        if self.buffered < _LOW_WATER:
-            self._conn.resume_reading()
-        return chunk
-
-    def whole(self) -> bytes | None:
-        """The whole body, without waiting, when all of it has arrived (a single chunk
-        is not copied); None while more may come or when the client left."""
-        if not self.done or self.error is not None or self.discard:
-            return None
-        chunks = self._chunks
-        body = b"" if not chunks else chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        chunks.clear()
-        self.buffered = 0
-        if self._conn._read_paused:
-            self._conn.resume_reading()
-        return body
-
-    def skip_rest(self) -> None:
-        """Nobody reads the rest: drop what waits and what still comes."""
-        self.discard = True
-        self._chunks.clear()
-        self.buffered = 0
-        self._conn.resume_reading()
-
-
-class Request:
-    """One parsed request head, its body to come, and when it was received.
-
-    ``headers``: every ``(name, value)`` as received; ``forwarded``: the header lines a
-    proxy passes on (:data:`NOT_FORWARDED` left out), as parts to join.
-    """
-
-    __slots__ = (
-        "body",
-        "chunked",
-        "connection",
-        "content_length",
-        "expect",
-        "forwarded",
-        "headers",
-        "keep_alive",
-        "method",
-        "received_at",
-        "request_id",
-        "target",
-        "version",
-    )
-
-    def __init__(self, conn: ServerConnection, parser: httptools.HttpRequestParser) -> None:
-        self.method: bytes = parser.get_method()
-        self.target: bytes = conn._url
-        self.headers: list[tuple[bytes, bytes]] = conn._headers
-        self.version: str = parser.get_http_version()
-        self.keep_alive: bool = parser.should_keep_alive()
-        # One pass over the headers: the ones read here (the last of each, but the first
-        # X-Request-Id), and the lines a proxy forwards.
-        forwarded: list[bytes] = []
-        connection = b""
-        expect = request_id = length = encoding = None
-        kind_of = _request_kind
-        for name, value in self.headers:
-            kind = kind_of(name)
-            if kind:
-                if kind == _LENGTH:
-                    length = value
-                elif kind == _REQUEST_ID:
-                    request_id = value if request_id is None else request_id
-                else:
-                    if kind == _CONNECTION:
-                        connection = value
-                    elif kind == _ENCODING:
-                        encoding = value
-                    elif kind == _EXPECT:
-                        expect = value
-                    continue  # not forwarded
-            forwarded += (name, b": ", value, b"\r\n")
-        self.forwarded = forwarded
-        self.connection: bytes = connection
-        self.expect: bytes | None = expect
-        self.request_id: bytes | None = request_id
-        self.chunked = encoding is not None and b"chunked" in encoding.lower()
-        self.content_length: int | None = None
-        if length is not None and length.isdigit():
-            self.content_length = int(length)
-        self.body = Body(conn)
-        self.received_at = 0.0
-
-    @property
-    def has_body(self) -> bool:
-        return self.chunked or bool(self.content_length)
 
 
 Handler = Callable[["Request", "ServerConnection"], Awaitable[None]]
@@ -292,7 +106,7 @@ class ServerConnection(asyncio.Protocol):
         self._busy = False  # a request is being handled, by the task or the fast path
         self._held: Request | None = None  # offered to the fast path once its body is whole
         self._idle_waiter: asyncio.Future[None] | None = None
-        self._read_paused = False
+        self.read_paused = False
         self._broken: bytes | None = None  # the error answer owed after the running request
         self.closed = False
         self._eof = False
@@ -386,7 +200,7 @@ class ServerConnection(asyncio.Protocol):
             )
 
     def on_headers_complete(self) -> None:
-        request = Request(self, self._parser)
+        request = Request(self._parser, self._url, self._headers, Body(self))
         self._parsing = request
         if not self._busy:
             self._busy = True
@@ -428,7 +242,7 @@ class ServerConnection(asyncio.Protocol):
             if self._pending:
                 self._start(self._next())  # type: ignore[arg-type]
                 return
-            if self._read_paused:
+            if self.read_paused:
                 self.resume_reading()
         else:
             self.close()
@@ -530,25 +344,11 @@ class ServerConnection(asyncio.Protocol):
             self.transport.abort()
 
     def pause_reading(self) -> None:
-        if not self._read_paused and self.transport is not None and not self.closed:
-            self._read_paused = True
+        if not self.read_paused and self.transport is not None and not self.closed:
+            self.read_paused = True
             self.transport.pause_reading()
 
     def resume_reading(self) -> None:
-        if self._read_paused and self.transport is not None and not self.closed:
-            self._read_paused = False
+        if self.read_paused and self.transport is not None and not self.closed:
+            self.read_paused = False
             self.transport.resume_reading()
-
-
-async def read_prefix(body: Body, limit: int) -> tuple[bytes, bool]:
-    """At least the first ``limit + 1`` bytes of ``body`` (all of it if shorter; a single
-    chunk is not copied); ``True`` when the body ended within ``limit``."""
-    chunks: list[bytes] = []
-    size = 0
-    while size <= limit:
-        chunk = await body.read()
-        if not chunk:
-            return (chunks[0] if len(chunks) == 1 else b"".join(chunks)), True
-        chunks.append(chunk)
-        size += len(chunk)
-    return b"".join(chunks), False

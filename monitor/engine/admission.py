@@ -51,6 +51,21 @@ class TaskRouter:
         self.by_model = [t for t in tasks.values() if t.settings.match.model is not None]
         if self._catch_all is not None:
             self.by_model.append(self._catch_all)
+        # resolve_name's three rules as lookups, the first task in order winning each.
+        self._by_header: dict[str, str] = {}
+        self._by_model_name: dict[str, str] = {}
+        for t in tasks.values():
+            m = t.settings.match
+            for value in (m.header, t.name):
+                if value is not None:
+                    self._by_header.setdefault(value, t.name)
+            if m.model is not None:
+                self._by_model_name.setdefault(m.model, t.name)
+        self._by_prefix = [
+            (t.settings.match.path_prefix, t.name)
+            for t in tasks.values()
+            if t.settings.match.path_prefix is not None
+        ]
 
     def resolve(self, event: TrafficEvent) -> TaskRuntime | None:
         return self.resolve_fields(event.task, event.model)
@@ -70,19 +85,15 @@ class TaskRouter:
     ) -> str | None:
         """Task for an HTTP request: header value, then path prefix, then model."""
         value = headers.get(header_name)
-        for task in self.tasks.values():
-            m = task.settings.match
-            if value is not None and value in {m.header, task.name}:
-                return task.name
-        for task in self.tasks.values():
-            m = task.settings.match
-            if m.path_prefix is not None and path.startswith(m.path_prefix):
-                return task.name
+        if value is not None:
+            name = self._by_header.get(value)
+            if name is not None:
+                return name
+        for prefix, name in self._by_prefix:
+            if path.startswith(prefix):
+                return name
         model = body.get("model")
-        for task in self.tasks.values():
-            if task.settings.match.model is not None and task.settings.match.model == model:
-                return task.name
-        return None
+        return self._by_model_name.get(model) if isinstance(model, str) else None
 
 
 class AdmissionControl:

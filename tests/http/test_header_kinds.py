@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from adapters.http.intake import HeaderView
-from adapters.http.wire import HeaderKinds
+from adapters.http.request import HeaderKinds
 
 
 def test_a_name_is_classified_whatever_its_case_and_unknown_names_are_kind_0() -> None:

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from adapters.http import exchange as data_plane
 from adapters.http import intake, messages
-from adapters.http import proxy as data_plane
 from tests.waiting import wait_until
 
 from .conftest import COMPLETION_BYTES, Recorder, StartTraffic, Upstream
@@ -163,6 +163,30 @@ async def test_a_bug_before_the_proxy_answered_is_a_500_counted_once(
             assert r.status == 500
     assert recorder.rejects == [("proxy", "internal error: KeyError")]
     await one_body_then_a_marker(client, url, recorder, json.dumps(CHAT).encode(), 201)
+
+
+async def test_a_bug_on_the_fast_path_is_a_500_counted_once_and_the_body_still_whole(
+    proxy: tuple[str, Recorder], client: aiohttp.ClientSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, recorder = proxy
+    body = json.dumps(CHAT).encode()
+    async with client.post(url, data=body) as r:  # pools an upstream connection
+        assert r.status == 201
+    calls: list[bytes] = []
+
+    def broken_once(req: object, fwd: object) -> bytes:
+        calls.append(b"")
+        if len(calls) == 1:  # the fast path's try: it declines, the handler goes on
+            raise KeyError("a bug")
+        return original(req, fwd)  # type: ignore[arg-type]
+
+    original = data_plane.request_head
+    with monkeypatch.context() as patch:
+        patch.setattr(data_plane, "request_head", broken_once)
+        async with client.post(url, data=body) as r:
+            assert r.status == 201  # the handler sent it, its body whole
+            assert (await r.json())["size"] == len(body)
+    assert len(calls) == 2 and recorder.rejects == []
 
 
 async def test_a_bug_after_the_proxy_relayed_the_answer_is_counted_once(

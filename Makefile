@@ -95,10 +95,12 @@ bench: $(TEST_STAMP)
 	$(BIN)/python bench/core_bench.py --json bench/results/core.json
 	$(BIN)/python bench/report.py --end
 
-# Kafka scale-out (not part of make bench, about 10 minutes): events/s through 1 and 2
-# relmon run replicas on one topic, replay time of 10k and 100k verdicts vs a bare read.
+# Kafka scale-out (not part of make bench, about 12 minutes): events/s through 1 and 2
+# relmon run replicas on one topic, replay time of 10k and 100k verdicts vs a bare read,
+# and one whole relmon run against a bare loop with CPU per event (issue 22).
 bench-kafka: $(TEST_STAMP)
 	$(BIN)/python bench/kafka_scale_bench.py --json bench/results/kafka_scale.json
+	$(BIN)/python bench/kafka_ingest_bench.py --json bench/results/kafka_ingest.json
 	$(BIN)/python bench/report.py
 
 # Shared store (not part of make bench, about 2 minutes): 3 replicas on one PostgreSQL

@@ -30,6 +30,7 @@ SECTIONS = (
     "soak",
     "core",
     "kafka_scale",
+    "kafka_ingest",
     "store_replicas",
 )
 
@@ -612,6 +613,73 @@ def kafka_scale(doc: dict[str, Any] | None) -> list[str]:
     return [*out, "Reproduce: `make bench-kafka`", ""]
 
 
+def kafka_ingest(doc: dict[str, Any] | None) -> list[str]:
+    """Section 7's subsection: one whole ``relmon run`` against the bare loop (issue 22)."""
+    if doc is None or "ingest" not in doc:
+        return []
+    m, r = doc["machine"], doc["ingest"]
+    trees = r.get("trees", {"relmon": "."})
+    labels = ", ".join(f"`{label}`" for label in trees)
+    out = [
+        "### One whole `relmon run` against the bare loop (issue 22)",
+        "",
+        f"`bench/kafka_ingest_bench.py` ran on {m['date']}, code at "
+        f"{m.get('commit', 'unknown')} (load average {m['loadavg'][0]:g} at the start): "
+        f"{r['events']:,} events of about {r['event_bytes']} bytes in {r['partitions']} "
+        "partitions drained from offset 0 in a fresh group by one `relmon run` process "
+        f"(1% hash-sampled; runs of {labels}) and by a bare `AIOKafkaConsumer` loop "
+        "(`getmany` + `json.loads`) in a process of its own, alternating, medians of "
+        f"{r['repeats']} repeats. CPU per event is user + system time of the consumer's "
+        'process from `/proc`, over the same span as its rate; "until done" also waits '
+        "for the sampled items' model calls."
+        + (" (A `--quick` smoke run: its figures say nothing.)" if doc.get("quick") else "")
+        + (f" {doc['note']}" if doc.get("note") else ""),
+        "",
+    ]
+    med, bare = r["median"], r["median"]["bare"]
+    rows = [
+        [
+            "bare aiokafka loop (baseline)",
+            f"{bare['events_per_s']:,.0f}",
+            f"{bare['cpu_us_per_event']:.2f}",
+            "×1.00",
+            "×1.00",
+            "",
+        ]
+    ]
+    for label in trees:
+        s, q = med[label], r["ratios"][label]
+        rows.append(
+            [
+                f"`relmon run` ({label})",
+                f"{s['events_per_s']:,.0f}",
+                f"{s['cpu_us_per_event']:.2f}",
+                _x(q["events_per_s"]),
+                _x(q["events_per_cpu_s"]),
+                f"{_x(q['done_events_per_s'])}, {_x(q['done_events_per_cpu_s'])}",
+            ]
+        )
+    out += _table(
+        [
+            "consumer",
+            "events/s",
+            "CPU µs/event",
+            "events/s vs bare",
+            "events per CPU-s vs bare",
+            "until done: both",
+        ],
+        rows,
+    )
+    command = doc.get("command", ".venv/bin/python bench/kafka_ingest_bench.py")
+    out += [
+        "",
+        f"Reproduce: `{command}` (`make bench-kafka` runs it on the working tree alone; "
+        "`--tree before=DIR` adds the code of DIR, such as `git archive HEAD | tar -x -C DIR`)",
+        "",
+    ]
+    return out
+
+
 def store_replicas(doc: dict[str, Any] | None) -> list[str]:
     out = ["## 8. Shared store: 3 replicas on PostgreSQL", ""]
     if doc is None:
@@ -705,6 +773,7 @@ def render(docs: dict[str, dict[str, Any]]) -> str:
     if "core" in docs:
         lines += core(docs["core"])
     lines += kafka_scale(docs.get("kafka_scale"))
+    lines += kafka_ingest(docs.get("kafka_ingest"))
     lines += store_replicas(docs.get("store_replicas"))
     return "\n".join(lines).rstrip() + "\n"
 

@@ -1,6 +1,6 @@
 """What every relmon Kafka client shares: the client options, connection checks,
-closing, dead-letter headers, the consumer-lag gauge, and the error for an unreachable
-cluster."""
+closing, dead-letter headers, the log line of a record whose handling failed, the
+consumer-lag gauge, and the error for an unreachable cluster."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import structlog
 from aiokafka.errors import KafkaError, KafkaTimeoutError
 
 from monitor.core.errors import ConfigError, RelmonError
+from monitor.core.failures import internal_error, raised_at
 
 __all__ = [
     "CLIENT_OPTION_KEYS",
@@ -25,6 +26,7 @@ __all__ = [
     "close_clients",
     "dead_letter_headers",
     "has_live_connection",
+    "record_failed",
     "unless_stopping",
 ]
 
@@ -180,6 +182,22 @@ def dead_letter_headers(
         ("relmon-source-partition", str(partition).encode()),
         ("relmon-source-offset", str(offset).encode()),
     ]
+
+
+def record_failed(record: Any, exc: Exception, event: str = "kafka.record_failed") -> str:
+    """The reason for a record whose handling raised ``exc`` (a bug: ``internal error:
+    <type>``, never the message, which may quote the record), logged as ``event`` with
+    the record's topic, partition and offset and where it was raised."""
+    reason = internal_error(exc)
+    log.error(
+        event,
+        topic=record.topic,
+        partition=record.partition,
+        offset=record.offset,
+        error=reason,
+        at=raised_at(exc),
+    )
+    return reason
 
 
 class ConsumerLag:

@@ -1,7 +1,8 @@
 """Kafka as the review backend: review items out, verdicts in, and the durable log.
 
 - :class:`KafkaReviewQueue` writes each review item (``ReviewItem.to_json()``, key = the
-  item id) to the review topic and returns once the brokers acknowledged it (acks=all).
+  item id) to the review topic and returns once the brokers acknowledged it (acks=all),
+  or gives the write up at once when :meth:`KafkaReviewQueue.stop` is called.
 - :class:`KafkaCalibrationStore` is a :class:`monitor.engine.ports.CalibrationStore` whose
   durable state *is* the topics: at start it replays the review topic, the verdict
   topic and the verdicts' dead-letter topic from the beginning and rebuilds the scored
@@ -51,7 +52,12 @@ import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 
-from adapters.kafka.connection import CONNECT_ERRORS, KafkaUnavailableError
+from adapters.kafka.connection import (
+    CONNECT_ERRORS,
+    KafkaUnavailableError,
+    StoppingError,
+    unless_stopping,
+)
 from monitor.core.errors import ConfigError, InputError
 from monitor.core.failures import internal_error
 from monitor.core.review import ReviewItem, Verdict, parse_verdict
@@ -98,7 +104,10 @@ class KafkaReviewQueue:
 
     The producer is the caller's (it starts and stops it) and must use ``acks="all"``.
     ``pending_item_ids`` restores the depth after a restart
-    (see :meth:`KafkaCalibrationStore.pending_item_ids`).
+    (see :meth:`KafkaCalibrationStore.pending_item_ids`). :meth:`stop` gives up the
+    writes in progress, as every broker call of relmon's Kafka clients races their
+    stop (:func:`~adapters.kafka.connection.unless_stopping`): a broker that accepts
+    connections but answers nothing would hold each for ``request_timeout_ms`` and more.
     """
 
     def __init__(
@@ -110,17 +119,31 @@ class KafkaReviewQueue:
         self._producer = producer
         self._topic = review_topic
         self._pending: set[str] = set(pending_item_ids)
+        self._stopping = asyncio.Event()
 
     async def submit(self, item: ReviewItem) -> None:
-        """Write ``item`` to the review topic; returns once it is durable."""
+        """Write ``item`` to the review topic; returns once it is durable.
+
+        Raises :class:`KafkaUnavailableError` if the write failed, :class:`StoppingError`
+        if :meth:`stop` was called before it was acknowledged (it may still land: the
+        producer's own close decides)."""
         value = json.dumps(item.to_json(), separators=(",", ":")).encode()
+        send = self._producer.send_and_wait(self._topic, value, key=item.item_id.encode())
         try:
-            await self._producer.send_and_wait(self._topic, value, key=item.item_id.encode())
+            await unless_stopping(self._stopping, send)
+        except StoppingError:
+            raise StoppingError(
+                f"writing review item to {self._topic} given up: the review queue is stopping"
+            ) from None
         except KafkaError as exc:
             raise KafkaUnavailableError(
                 f"writing review item to {self._topic} failed: {type(exc).__name__}"
             ) from exc
         self._pending.add(item.item_id)
+
+    async def stop(self) -> None:
+        """Give up the writes in progress, and refuse later ones (relmon is stopping)."""
+        self._stopping.set()
 
     async def depth(self) -> int:
         return len(self._pending)

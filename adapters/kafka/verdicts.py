@@ -29,6 +29,7 @@ from adapters.kafka.connection import (
     close_clients,
     dead_letter_headers,
     has_live_connection,
+    record_failed,
     unless_stopping,
 )
 from adapters.kafka.review import (
@@ -347,15 +348,7 @@ class KafkaVerdictConsumer:
         except StoppingError:
             raise
         except Exception as exc:
-            reason = internal_error(exc)
-            log.error(
-                "kafka.record_failed",
-                topic=record.topic,
-                partition=record.partition,
-                offset=record.offset,
-                error=reason,
-                at=raised_at(exc),
-            )
+            reason = record_failed(record, exc)
             if record.topic == self._store.verdict_topic:
                 await self._dead_letter(record, reason, "invalid")
             else:

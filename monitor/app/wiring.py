@@ -113,9 +113,14 @@ def build_task(task: TaskSettings, metrics: Metrics) -> TaskRuntime:
     if model is None:  # validate_settings reports this first
         raise ConfigError(f"task {task.name!r}: set endpoint.model (or match.model)")
     calls = metrics.model_calls
+    by_outcome: dict[str, Any] = {}
 
     def outcome(name: str) -> None:
-        calls.labels(model, task.name, name).inc()
+        # The labelled child once per outcome: this runs for every model call.
+        child = by_outcome.get(name)
+        if child is None:
+            child = by_outcome[name] = calls.labels(model, task.name, name)
+        child.inc()
 
     client = endpoint_client(
         endpoint,
@@ -205,7 +210,9 @@ async def build_review_backend(
             kafka_queue,
             kafka_store=kafka_store,
             kafka_queue=kafka_queue,
-            closers=[producer.stop],
+            # Run last to first: writes still waiting for the broker give up, then the
+            # producer closes.
+            closers=[producer.stop, kafka_queue.stop],
         )
     if settings.store.backend == "postgres":
         dsn = settings.store.resolved_dsn()

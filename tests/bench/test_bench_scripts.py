@@ -217,6 +217,34 @@ def test_kafka_scale_bench(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(600)
+def test_kafka_ingest_bench(tmp_path: Path) -> None:
+    """The whole-process ingest benchmark of ``make bench-kafka`` in its quick mode (its
+    own broker, model, relmon process and bare loop): every field, rates and CPU
+    positive, the sampled items re-asked; the report renders it in section 7."""
+    out = tmp_path / "kafka_ingest.json"
+    error = run_quick("kafka_ingest_bench.py", out)
+    assert error is None, error
+    doc = json.loads(out.read_text())
+    assert doc["benchmark"] == "kafka_ingest" and doc["quick"] is True
+    r = doc["ingest"]
+    assert set(r["median"]) == {"bare", "relmon"}
+    for who in ("bare", "relmon"):
+        assert positive(r["median"][who]["events_per_s"])
+        assert positive(r["median"][who]["cpu_us_per_event"])
+    assert all(positive(x) for x in r["ratios"]["relmon"].values())
+    (run,) = r["runs"]["relmon"]
+    assert run["sampled"] > 0 and run["model_calls"] >= run["sampled"]
+    md = tmp_path / "RESULTS.md"
+    subprocess.run(
+        [sys.executable, str(BENCH / "report.py"), "--results", str(tmp_path), "--out", str(md)],
+        check=True,
+        timeout=60,
+    )
+    text = md.read_text()
+    assert "### One whole `relmon run` against the bare loop" in text
+    assert "smoke run" in text
+
+
 def test_store_replicas_bench(tmp_path: Path) -> None:
     """``make bench-store`` in its quick mode (its own PostgreSQL cluster; not part of
     ``make bench``): every field, every replica converged, section 8 rendered."""

@@ -6,6 +6,7 @@ in a full-suite run where the verdict follower stayed in such a call after stop.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import signal
@@ -18,7 +19,8 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 import adapters.kafka.verdicts as verdicts_module
-from adapters.kafka.review import KafkaCalibrationStore
+from adapters.kafka.connection import StoppingError, close_clients
+from adapters.kafka.review import KafkaCalibrationStore, KafkaReviewQueue, durable_producer
 from adapters.kafka.verdicts import KafkaVerdictConsumer
 from monitor.core.review import ReviewItem, Verdict, verdict_score
 from monitor.engine.ports import VerdictOutcome
@@ -169,6 +171,52 @@ async def test_the_traffic_source_stops_in_time_with_a_dead_letter_unacknowledge
     assert [reason for _, reason in rec.rejects] == [
         "'request' must be a chat request with a non-empty 'messages' list"
     ]
+
+
+async def test_the_review_queue_gives_up_a_write_in_progress_at_stop(
+    private_kafka: tuple[str, subprocess.Popen[bytes]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A review item is being written (``send_and_wait``) just as the broker stalls: the
+    produce request is never answered, which aiokafka would wait out for its request
+    timeout and retries. The queue's stop() gives the write up at once (StoppingError,
+    the item not counted as waiting), later writes are refused, and the producer
+    closes within the timeout."""
+    bootstrap, proc = private_kafka
+    topic = await new_topic(bootstrap, "reviews")
+    producer = durable_producer(bootstrap)
+    await producer.start()
+    queue = KafkaReviewQueue(producer, topic)
+    item = ReviewItem(
+        item_id="i1",
+        model="m",
+        task="t",
+        query="q",
+        candidates=(("a", 5), ("b", 3)),
+        k=8,
+        inclusion_probability=1.0,
+        sampled_at=1_800_000_000.0,
+    )
+    await queue.submit(item)  # the topic's metadata is known: the next send goes out
+    entered = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    async with paused_on_demand(proc) as pause:
+        send = pausing(pause, producer.send_and_wait, entered)
+        monkeypatch.setattr(producer, "send_and_wait", send)
+        task = asyncio.create_task(queue.submit(dataclasses.replace(item, item_id="i2")))
+        await asyncio.wait_for(entered.wait(), 30)
+        await asyncio.sleep(0.3)  # inside the unanswered produce request
+        assert not task.done()
+        t0 = loop.time()
+        await queue.stop()
+        await asyncio.wait({task}, timeout=STOP_TIMEOUT_S)
+        assert task.done(), "submit() still waits for the broker after stop()"
+        assert isinstance(task.exception(), StoppingError)
+        assert loop.time() - t0 < SLACK_S
+        with pytest.raises(StoppingError):
+            await queue.submit(dataclasses.replace(item, item_id="i3"))
+        assert await queue.depth() == 1  # only the item the broker acknowledged
+        await close_clients((producer,), topic, STOP_TIMEOUT_S)
+        assert loop.time() - t0 < STOP_TIMEOUT_S + SLACK_S
 
 
 async def test_the_verdict_follower_started_before_its_topics_follows_them_and_stops(

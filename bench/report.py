@@ -25,6 +25,7 @@ SECTIONS = (
     "mirror",
     "proxy",
     "proxy_saturation",
+    "proxy_data_plane",
     "stopping",
     "calibration",
     "soak",
@@ -245,6 +246,69 @@ def _sat_row(label: str, d: dict[str, Any]) -> list[str]:
     ]
 
 
+def _target_row(label: str, d: dict[str, Any], target: str) -> list[str]:
+    """One target of a run (relmon, the baseline tree's relmon, the lean proxy) beside
+    the same run's nginx."""
+    lat, sat = d["latency"], d["saturation"]
+    r, n = lat[f"{target}_added"], lat["nginx_added"]
+    x = d["ratios"] if target == "relmon" else d[f"{target}_ratios"]
+    return [
+        label,
+        f"+{r['p50_ms']:.3f} / +{n['p50_ms']:.3f}",
+        _x(x["added_p50"]),
+        f"+{r['p99_ms']:.3f} / +{n['p99_ms']:.3f}",
+        _x(x["added_p99"]),
+        f"{sat[target]['requests_per_s']:,.0f} / {sat['nginx']['requests_per_s']:,.0f}",
+        _x(x["requests_per_s"]),
+        f"{sat[target]['cpu_s_per_10k']:.2f} / {sat['nginx']['cpu_s_per_10k']:.2f}",
+        _x(x["cpu_per_request"]),
+    ]
+
+
+_SAT_HEADER = [
+    "target",
+    "added p50 ms target / nginx",
+    "ratio",
+    "added p99 ms target / nginx",
+    "ratio",
+    "req/s at saturation target / nginx",
+    "ratio",
+    "CPU-s per 10k target / nginx",
+    "ratio",
+]
+
+
+def _same_run(doc: dict[str, Any]) -> list[str]:
+    """The targets measured in one run: this code, the baseline tree's, the lean proxy."""
+    rows = [_target_row("relmon, this code", doc, "relmon")]
+    if "before_ratios" in doc:
+        tree = Path(doc.get("baseline_tree") or "the baseline tree").name
+        rows.append(_target_row(f"relmon, code before the change ({tree})", doc, "before"))
+    if "lean_ratios" in doc:
+        rows.append(_target_row("`bench/lean_proxy.py`, the leanest Python proxy", doc, "lean"))
+    return _table(_SAT_HEADER, rows)
+
+
+def proxy_data_plane(doc: dict[str, Any]) -> list[str]:
+    return [
+        "### The data plane alone beside nginx, in one run",
+        "",
+        f"The same measurement with relmon's data plane alone ({doc['data_plane']}: its "
+        "traffic listener, every event skipped, no service around it) in front of "
+        f"{doc['upstream']}, beside the code before the change and `bench/lean_proxy.py` "
+        "(no relmon code: httptools on uvloop, every request relayed from the protocol "
+        "callbacks, nothing else a proxy must do), every target in the same run. Medians "
+        f"over {doc['repeats']} repeats of {doc['seconds']:g} s. {_ran(doc)}",
+        "",
+        *_same_run(doc),
+        "",
+        "Reproduce: `.venv/bin/python bench/proxy_saturation_bench.py --data-plane uvloop "
+        "--upstream nginx --with-lean --baseline-tree DIR` (DIR: `git archive COMMIT | tar "
+        "-x -C DIR`)",
+        "",
+    ]
+
+
 def proxy_saturation(doc: dict[str, Any]) -> list[str]:
     out = [
         "### The proxy beside nginx, with wrk",
@@ -261,6 +325,10 @@ def proxy_saturation(doc: dict[str, Any]) -> list[str]:
         f"{_ran(doc)}",
         "",
     ]
+    same_run = "before_ratios" in doc or "lean_ratios" in doc
+    if same_run and not doc.get("before"):  # no earlier runs: the one table
+        out += _same_run(doc)
+        return [*out, *_goals(doc)]
     rows = [_sat_row(b["label"], b) for b in doc.get("before", [])]
     rows.append(_sat_row(doc.get("label", "this run"), doc))
     out += _table(
@@ -277,7 +345,13 @@ def proxy_saturation(doc: dict[str, Any]) -> list[str]:
         ],
         rows,
     )
-    out += [
+    if same_run:
+        out += ["", "In the same run:", "", *_same_run(doc)]
+    return [*out, *_goals(doc)]
+
+
+def _goals(doc: dict[str, Any]) -> list[str]:
+    return [
         "",
         "Goals: added latency at most ×2 nginx's (p50 and p99), requests/s at least ×0.7, "
         "CPU per request at most ×2. Each row is one run; the ratios are within the run "
@@ -292,7 +366,6 @@ def proxy_saturation(doc: dict[str, Any]) -> list[str]:
         "Reproduce: `.venv/bin/python bench/proxy_saturation_bench.py`",
         "",
     ]
-    return out
 
 
 RULE_LABELS = {
@@ -769,6 +842,8 @@ def render(docs: dict[str, dict[str, Any]]) -> str:
             lines += [f"## {name}", "", "Not run: `make bench` writes this section.", ""]
         if name == "proxy" and "proxy_saturation" in docs:
             lines += proxy_saturation(docs["proxy_saturation"])
+        if name == "proxy" and "proxy_data_plane" in docs:
+            lines += proxy_data_plane(docs["proxy_data_plane"])
     lines += soak(docs.get("soak"))
     if "core" in docs:
         lines += core(docs["core"])

@@ -113,6 +113,43 @@ def test_proxy_saturation_bench_beside_nginx(quick: tuple[Path, dict[str, str | 
     assert positive(ratios["cpu_per_request"])
 
 
+@pytest.mark.timeout(600)
+def test_proxy_data_plane_beside_the_lean_proxy_and_a_baseline_tree(tmp_path: Path) -> None:
+    """The data plane alone, the lean proxy and another checkout (here this one) as
+    targets of one run; the report renders them in section 2."""
+    out = tmp_path / "proxy_data_plane.json"
+    command = [sys.executable, str(BENCH / "proxy_saturation_bench.py"), "--quick"]
+    command += ["--json", str(out), "--data-plane", "uvloop", "--upstream", "nginx"]
+    command += ["--with-lean", "--baseline-tree", str(ROOT)]
+    result = subprocess.run(
+        command,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=480,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    doc = json.loads(out.read_text())
+    for target in ("relmon", "nginx", "before", "lean"):
+        assert doc["saturation"][target]["errors"] == 0
+        assert positive(doc["saturation"][target]["requests_per_s"])
+    for other in ("before", "lean"):
+        ratios = doc[f"{other}_ratios"]
+        assert ratios["cpu_per_request"] == pytest.approx(
+            doc["saturation"][other]["cpu_s_per_10k"] / doc["saturation"]["nginx"]["cpu_s_per_10k"]
+        )
+    md = tmp_path / "RESULTS.md"
+    subprocess.run(
+        [sys.executable, str(BENCH / "report.py"), "--results", str(tmp_path), "--out", str(md)],
+        cwd=ROOT,
+        check=True,
+    )
+    text = md.read_text()
+    assert "### The data plane alone beside nginx, in one run" in text
+    assert "the leanest Python proxy" in text
+
+
 @pytest.mark.timeout(900)
 def test_stopping_bench(quick: tuple[Path, dict[str, str | None]]) -> None:
     doc = doc_of(quick, "stopping")

@@ -68,6 +68,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from benchlib import free_port, machine, stop, write_json  # noqa: E402
+from kafka_scale_bench import replica_config  # noqa: E402
 from kafka_source_bench import fill, wait_ready  # noqa: E402
 
 from monitor.app.demo.model import QuestionBank, SimulatedModel  # noqa: E402
@@ -139,37 +140,7 @@ def relmon_config(  # noqa: PLR0917
     path: Path, bootstrap: str, model_url: str, name: str, port: int, rate: float = 0.01
 ) -> None:
     """``kafka_scale_bench.replica_config`` with its own group and review topics."""
-    tasks = "\n".join(
-        f"""  - name: {task}
-    canonicalizer: text
-    endpoint: {{base_url: "{model_url}", model: {model}, concurrency: 8, timeout_s: 10}}
-    match: {{model: {model}}}
-    k_max: 5
-    sampling_rate: {rate:g}
-    review_rate: 0.1"""
-        for task, model in (("triage", "gpt-4.1"), ("extract", "gpt-4.1-mini"))
-    )
-    path.write_text(
-        f"""
-tasks:
-{tasks}
-metrics: {{port: {port}}}
-traffic: {{mode: "off"}}
-review: {{backend: kafka}}
-budget: {{calls_per_minute: 10000000, max_in_flight: 16, queue_size: 1024}}
-kafka:
-  enabled: true
-  bootstrap_servers: "{bootstrap}"
-  traffic_topic: {TOPIC}
-  review_topic: {name}-reviews
-  verdict_topic: {name}-verdicts
-  dead_letter_topic: {name}-dlq
-  verdict_dead_letter_topic: {name}-verdict-dlq
-  group_id: {name}-group
-log_format: json
-drain_timeout_s: 30
-"""
-    )
+    replica_config(path, bootstrap, model_url, TOPIC, port, name=name, sampling_rate=rate)
 
 
 async def scrape(session: aiohttp.ClientSession, port: int) -> dict[str, float]:

@@ -66,15 +66,26 @@ TAKEN = ("sampled", "skipped", "duplicate")
 
 
 def replica_config(  # noqa: PLR0917
-    path: Path, bootstrap: str, model_url: str, topic: str, port: int, drain_timeout_s: float = 30
+    path: Path,
+    bootstrap: str,
+    model_url: str,
+    topic: str,
+    port: int,
+    drain_timeout_s: float = 30,
+    *,
+    name: str | None = None,
+    sampling_rate: float = 0.01,
 ) -> None:
+    """A replica reading ``topic``; its group and review topics are named after ``name``
+    (``topic`` if None)."""
+    name = name or topic
     tasks = "\n".join(
         f"""  - name: {task}
     canonicalizer: text
     endpoint: {{base_url: "{model_url}", model: {model}, concurrency: 8, timeout_s: 10}}
     match: {{model: {model}}}
     k_max: 5
-    sampling_rate: 0.01
+    sampling_rate: {sampling_rate:g}
     review_rate: 0.1"""
         for task, model in (("triage", "gpt-4.1"), ("extract", "gpt-4.1-mini"))
     )
@@ -90,11 +101,11 @@ kafka:
   enabled: true
   bootstrap_servers: "{bootstrap}"
   traffic_topic: {topic}
-  review_topic: {topic}-reviews
-  verdict_topic: {topic}-verdicts
-  dead_letter_topic: {topic}-dlq
-  verdict_dead_letter_topic: {topic}-verdict-dlq
-  group_id: {topic}-group
+  review_topic: {name}-reviews
+  verdict_topic: {name}-verdicts
+  dead_letter_topic: {name}-dlq
+  verdict_dead_letter_topic: {name}-verdict-dlq
+  group_id: {name}-group
 log_format: json
 drain_timeout_s: {drain_timeout_s:g}
 """

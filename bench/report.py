@@ -231,19 +231,7 @@ def proxy(doc: dict[str, Any]) -> list[str]:
 
 
 def _sat_row(label: str, d: dict[str, Any]) -> list[str]:
-    lat, sat, x = d["latency"], d["saturation"], d["ratios"]
-    r, n = lat["relmon_added"], lat["nginx_added"]
-    return [
-        label,
-        f"+{r['p50_ms']:.3f} / +{n['p50_ms']:.3f}",
-        _x(x["added_p50"]),
-        f"+{r['p99_ms']:.3f} / +{n['p99_ms']:.3f}",
-        _x(x["added_p99"]),
-        f"{sat['relmon']['requests_per_s']:,.0f} / {sat['nginx']['requests_per_s']:,.0f}",
-        _x(x["requests_per_s"]),
-        f"{sat['relmon']['cpu_s_per_10k']:.2f} / {sat['nginx']['cpu_s_per_10k']:.2f}",
-        _x(x["cpu_per_request"]),
-    ]
+    return _target_row(label, d, "relmon")
 
 
 def _target_row(label: str, d: dict[str, Any], target: str) -> list[str]:

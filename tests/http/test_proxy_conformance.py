@@ -8,9 +8,10 @@ requests without cross-talk, and the proxy's own metrics."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any
 
 import pytest
@@ -48,6 +49,19 @@ async def proxied(
         metrics=ProxyMetrics(registry),
     )
     return server, registry
+
+
+@contextlib.asynccontextmanager
+async def scripted_upstream(
+    serve: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
+) -> AsyncIterator[str]:
+    """An upstream on 127.0.0.1 whose every connection ``serve`` handles; its URL."""
+    upstream = await asyncio.start_server(serve, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{upstream.sockets[0].getsockname()[1]}"
+    finally:
+        upstream.close()
+        await upstream.wait_closed()
 
 
 async def read_response(reader: asyncio.StreamReader, head_request: bool = False) -> Response:
@@ -359,23 +373,20 @@ async def test_a_pooled_connection_the_upstream_closed_unanswered_is_retried_on_
                 writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
         writer.close()
 
-    upstream = await asyncio.start_server(closes_the_second, "127.0.0.1", 0)
-    port = upstream.sockets[0].getsockname()[1]
-    try:
-        server = await start_traffic("proxy", Recorder(), upstream_url=f"http://127.0.0.1:{port}")
-        reader, writer = await asyncio.open_connection("127.0.0.1", server.bound_port)
-        writer.write(get("/a"))  # each on a pooled connection, retried once it is found closed
-        assert (await asyncio.wait_for(read_response(reader), 5))[::2] == (200, b"ok")
-        writer.write(get("/b") * 3)  # pipelined: the same, one after the other
-        for _ in range(3):
+    async with scripted_upstream(closes_the_second) as url:
+        try:
+            server = await start_traffic("proxy", Recorder(), upstream_url=url)
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.bound_port)
+            writer.write(get("/a"))  # each on a pooled connection, retried once found closed
             assert (await asyncio.wait_for(read_response(reader), 5))[::2] == (200, b"ok")
-        writer.close()
-        await writer.wait_closed()
-    finally:
-        upstream.close()
-        for each in writers:
-            each.close()
-        await upstream.wait_closed()
+            writer.write(get("/b") * 3)  # pipelined: the same, one after the other
+            for _ in range(3):
+                assert (await asyncio.wait_for(read_response(reader), 5))[::2] == (200, b"ok")
+            writer.close()
+            await writer.wait_closed()
+        finally:
+            for each in writers:
+                each.close()
 
 
 def count_handler_tasks(loop: asyncio.AbstractEventLoop) -> list[str]:
@@ -453,10 +464,8 @@ async def test_stop_lets_an_answer_in_flight_on_the_fast_path_finish(
             await writer.drain()
         writer.close()
 
-    upstream = await asyncio.start_server(slow_second, "127.0.0.1", 0)
-    port = upstream.sockets[0].getsockname()[1]
-    try:
-        server = await start_traffic("proxy", Recorder(), upstream_url=f"http://127.0.0.1:{port}")
+    async with scripted_upstream(slow_second) as url:
+        server = await start_traffic("proxy", Recorder(), upstream_url=url)
         reader, writer = await asyncio.open_connection("127.0.0.1", server.bound_port)
         writer.write(get("/one"))
         assert (await read_response(reader))[::2] == (200, b"done")
@@ -470,6 +479,3 @@ async def test_stop_lets_an_answer_in_flight_on_the_fast_path_finish(
         await asyncio.wait_for(stopping, 10)
         assert await asyncio.wait_for(reader.read(), 10) == b""  # then the connection closed
         writer.close()
-    finally:
-        upstream.close()
-        await upstream.wait_closed()

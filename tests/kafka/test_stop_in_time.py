@@ -50,6 +50,18 @@ async def paused_on_demand(proc: subprocess.Popen[bytes]) -> AsyncIterator[Calla
             os.kill(proc.pid, signal.SIGCONT)
 
 
+ITEM = ReviewItem(
+    item_id="i1",
+    model="m",
+    task="t",
+    query="q",
+    candidates=(("a", 5), ("b", 3)),
+    k=8,
+    inclusion_probability=1.0,
+    sampled_at=1_800_000_000.0,
+)
+
+
 def pausing(
     pause: Callable[[], None], call: Callable[..., Awaitable[Any]], entered: asyncio.Event
 ) -> Callable[..., Awaitable[Any]]:
@@ -186,16 +198,7 @@ async def test_the_review_queue_gives_up_a_write_in_progress_at_stop(
     producer = durable_producer(bootstrap)
     await producer.start()
     queue = KafkaReviewQueue(producer, topic)
-    item = ReviewItem(
-        item_id="i1",
-        model="m",
-        task="t",
-        query="q",
-        candidates=(("a", 5), ("b", 3)),
-        k=8,
-        inclusion_probability=1.0,
-        sampled_at=1_800_000_000.0,
-    )
+    item = ITEM
     await queue.submit(item)  # the topic's metadata is known: the next send goes out
     entered = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -252,16 +255,7 @@ async def test_the_verdict_follower_started_before_its_topics_follows_them_and_s
             await admin.create_topics([NewTopic(t, 1, 1) for t in topics.values()])
         finally:
             await admin.close()
-        item = ReviewItem(
-            item_id="i1",
-            model="m",
-            task="t",
-            query="q",
-            candidates=(("a", 5), ("b", 3)),
-            k=8,
-            inclusion_probability=1.0,
-            sampled_at=1_800_000_000.0,
-        )
+        item = ITEM
         await produce(kafka_bootstrap, topics["reviews"], [json.dumps(item.to_json()).encode()])
         body = json.dumps({"item_id": "i1", "accepted_ranks": [1]}).encode()
         await produce(kafka_bootstrap, topics["verdicts"], [body])

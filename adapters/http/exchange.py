@@ -27,7 +27,6 @@ __all__ = [
 ]
 
 WHOLE_BODY_BYTES: Final = 65_536
-_HOP: Final = HOP_BY_HOP
 _PLAIN_CONNECTION: Final = frozenset({b"keep-alive", b"close"})
 # Answer header kinds: 0 relayed as it came; 1 length, 2 type, 3 date (read as relayed);
 # 4 Connection and 5 the other hop-by-hop ones (not relayed).
@@ -270,7 +269,7 @@ class ProxyExchange:
             if kind:
                 if kind >= 4:  # hop-by-hop: not relayed
                     if kind == 4 and value.lower() not in _PLAIN_CONNECTION:
-                        named = _named(value) - _HOP
+                        named = _named(value) - HOP_BY_HOP
                     continue
                 if kind == 1:
                     length = int(value) if value.isdigit() else None
@@ -282,7 +281,7 @@ class ProxyExchange:
         if named:  # rare: headers made hop-by-hop by the Connection header
             del parts[1:]
             for name, value in headers:
-                if name.lower() not in _HOP and name.lower() not in named:
+                if name.lower() not in HOP_BY_HOP and name.lower() not in named:
                     parts += (name, b": ", value, b"\r\n")
         if not has_date:
             parts.append(b"Date: " + http_date().encode() + b"\r\n")
@@ -329,12 +328,7 @@ class ProxyExchange:
         elif self._rechunk:
             self.client.write(b"0\r\n\r\n")
         self.client_done_at = loop.time()
-        on_end = self.on_end
-        if on_end is not None:  # the fast path
-            self.on_end = None
-            on_end(self, None)
-        else:
-            self._end(None)
+        self._end(None)
 
     def on_lost(self, reason: str) -> None:
         self._end(reason)

@@ -16,7 +16,7 @@ import structlog
 
 from adapters.http.exchange import ExchangeGuard
 from adapters.http.intake import HeaderView, Intake, request_id
-from adapters.http.proxy import expect_answered, is_chat_target, target_path
+from adapters.http.proxy import event_guard, expect_answered, target_path
 from adapters.http.request import Request, read_prefix
 from adapters.http.wire import ServerConnection, error_response, http_date
 from monitor.core.failures import internal_error, raised_at
@@ -42,7 +42,7 @@ class Mirror:
         self.max_body = max_body
 
     async def handle(self, req: Request, client: ServerConnection) -> None:
-        guard = ExchangeGuard(self.intake, req.method == b"POST" and is_chat_target(req.target))
+        guard = event_guard(self.intake, req)
         try:
             await self._handle(req, client, guard)
         except Exception as exc:  # a bug; asyncio.CancelledError is not an Exception

@@ -24,6 +24,8 @@ sampled (counted ``"oversize"`` or ``"oversize response"``).
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
+
 import structlog
 
 from adapters.http.exchange import ExchangeGuard, Forwarding, ProxyExchange
@@ -34,6 +36,7 @@ from monitor.core.failures import internal_error, raised_at
 
 __all__ = [
     "Proxy",
+    "event_guard",
     "expect_answered",
     "is_chat_completions_path",
     "is_chat_target",
@@ -75,6 +78,11 @@ def expect_answered(req: Request, client: ServerConnection) -> bool:
     return False
 
 
+def event_guard(intake: Intake, req: Request) -> ExchangeGuard:
+    """The guard of one request: an event when it is a ``POST …/chat/completions``."""
+    return ExchangeGuard(intake, req.method == b"POST" and is_chat_target(req.target))
+
+
 class Proxy:
     """The proxy's request handler (see the module), guarded: whatever one request
     raises is logged, counted once (an event) and answered 500, or cuts the answer."""
@@ -98,8 +106,9 @@ class Proxy:
         if conn is None:
             return False
         try:
-            guard = ExchangeGuard(self.intake, req.method == b"POST" and is_chat_target(req.target))
-            exchange = ProxyExchange(req, client, fwd, guard, self._fast_end)
+            exchange = ProxyExchange(
+                req, client, fwd, event_guard(self.intake, req), self._fast_end
+            )
             client.on_lost = exchange._client_lost
             exchange.send(conn, body)
         except Exception:  # a bug, before anything was sent: the handler takes the
@@ -116,30 +125,31 @@ class Proxy:
         try once more in a task when the pooled connection had gone stale."""
         client = exchange.client
         if outcome is not None and exchange.retriable(outcome):
-            client.resume(exchange.req, lambda req, client: self._retry(exchange))
+            client.resume(
+                exchange.req,
+                lambda req, client: self._guarded(
+                    self._relay(exchange, True, retry=True), exchange.guard, client
+                ),
+            )
             return
         try:
-            if exchange.settle(outcome) is None and exchange.sample:
+            if exchange.settle(outcome) is None:
                 self._offer(exchange)
         except Exception as exc:
             self._failed(exc, exchange.guard, client)
         client.on_lost = client.on_pause = None
         client.done(exchange.req)
 
-    async def _retry(self, exchange: ProxyExchange) -> None:
-        client = exchange.client
-        try:
-            if await exchange.run(exchange.body, True, retry=True) is None:
-                self._offer(exchange)
-        except Exception as exc:
-            self._failed(exc, exchange.guard, client)
-        finally:
-            client.on_lost = client.on_pause = None
-
     async def handle(self, req: Request, client: ServerConnection) -> None:
-        guard = ExchangeGuard(self.intake, req.method == b"POST" and is_chat_target(req.target))
+        guard = event_guard(self.intake, req)
+        await self._guarded(self._handle(req, client, guard), guard, client)
+
+    async def _guarded(
+        self, work: Awaitable[None], guard: ExchangeGuard, client: ServerConnection
+    ) -> None:
+        """Run ``work``; a bug in it is reported (:meth:`_failed`), never raised."""
         try:
-            await self._handle(req, client, guard)
+            await work
         except Exception as exc:  # a bug; asyncio.CancelledError is not an Exception
             self._failed(exc, guard, client)
         finally:
@@ -175,7 +185,11 @@ class Proxy:
         exchange = ProxyExchange(req, client, self.fwd, guard)
         exchange.sample = guard.event and complete
         exchange.body = body
-        if await exchange.run(body, complete) is None:
+        await self._relay(exchange, complete)
+
+    async def _relay(self, exchange: ProxyExchange, complete: bool, *, retry: bool = False) -> None:
+        """Forward and relay (``retry``: only the second attempt), then offer the event."""
+        if await exchange.run(exchange.body, complete, retry=retry) is None:
             self._offer(exchange)
 
     def _offer(self, exchange: ProxyExchange) -> None:

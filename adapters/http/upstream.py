@@ -64,14 +64,9 @@ class UpstreamConnection(asyncio.Protocol):
     def send(self, exchange: Exchange, head_only: bool, request: bytes) -> None:
         """Carry ``exchange``, its whole ``request`` written at once: :meth:`start`, the
         write and :meth:`watch` in one call."""
-        self.exchange = exchange
-        self.head_only = head_only
-        self.got_bytes = False
-        self.complete = False
-        if self.transport is not None and not self.closed:
-            self.transport.write(request)
-        self.last_activity = self._loop.time()
-        self.waiting = True
+        self.start(exchange, head_only)
+        self.write(request)
+        self.watch()
 
     def start(self, exchange: Exchange, head_only: bool) -> None:
         """Carry ``exchange`` (its request is written next)."""
@@ -188,13 +183,7 @@ class UpstreamConnection(asyncio.Protocol):
         if self._interim:
             self._interim = False
             return
-        if not self.complete:  # :meth:`_finish`, inline: once per answer
-            self.complete = True
-            self.waiting = False
-            exchange = self.exchange
-            if exchange is not None:
-                self.exchange = None
-                exchange.on_done()
+        self._finish()
 
     def _finish(self) -> None:
         if self.complete:

@@ -223,9 +223,7 @@ class ServerConnection(asyncio.Protocol):
             request.body.finish()
             if request is self._held:
                 self._held = None
-                fast = self._fast
-                if fast is None or not fast(request, self):
-                    self._task = self._loop.create_task(self._run(request))
+                self._start(request)
 
     # -- running requests --------------------------------------------------------------------
 
@@ -246,10 +244,7 @@ class ServerConnection(asyncio.Protocol):
                 self.resume_reading()
         else:
             self.close()
-        if self._eof or self._broken is not None or self._idle_waiter is not None:
-            self._idle()
-        else:
-            self._busy = False
+        self._idle()
 
     def _next(self) -> Request | None:
         """The pipelined request that waits its turn (reading resumes once none waits)."""

@@ -48,19 +48,19 @@ class TaskRouter:
         )
         # The tasks an event whose task follows from its model may get: those matched by
         # model, and the catch-all one (skip_unsampled_any_model, for every such event).
-        self.by_model = [t for t in tasks.values() if t.settings.match.model is not None]
+        self.model_candidates = [t for t in tasks.values() if t.settings.match.model is not None]
         if self._catch_all is not None:
-            self.by_model.append(self._catch_all)
-        # resolve_name's three rules as lookups, the first task in order winning each.
+            self.model_candidates.append(self._catch_all)
+        # The match rules as lookups, the first task in order winning each.
         self._by_header: dict[str, str] = {}
-        self._by_model_name: dict[str, str] = {}
+        self._by_model: dict[str, TaskRuntime] = {}
         for t in tasks.values():
             m = t.settings.match
             for value in (m.header, t.name):
                 if value is not None:
                     self._by_header.setdefault(value, t.name)
             if m.model is not None:
-                self._by_model_name.setdefault(m.model, t.name)
+                self._by_model.setdefault(m.model, t)
         self._by_prefix = [
             (t.settings.match.path_prefix, t.name)
             for t in tasks.values()
@@ -74,11 +74,8 @@ class TaskRouter:
         """The task of an event with these fields (before the whole event is parsed)."""
         if task_name is not None:
             return self.tasks.get(task_name)
-        for task in self.tasks.values():
-            m = task.settings.match
-            if m.model is not None and m.model == model:
-                return task
-        return self._catch_all
+        task = self._by_model.get(model) if model is not None else None
+        return task if task is not None else self._catch_all
 
     def resolve_name(
         self, headers: Mapping[str, str], path: str, body: Mapping[str, Any], header_name: str
@@ -93,7 +90,8 @@ class TaskRouter:
             if path.startswith(prefix):
                 return name
         model = body.get("model")
-        return self._by_model_name.get(model) if isinstance(model, str) else None
+        task = self._by_model.get(model) if isinstance(model, str) else None
+        return task.name if task is not None else None
 
 
 class AdmissionControl:
@@ -180,7 +178,7 @@ class AdmissionControl:
         read: True (counted ``skipped``) when it would be skipped whatever the model,
         that is, not sampled by any task a model can select (those matched by model,
         and the catch-all task)."""
-        for task in self.router.by_model:
+        for task in self.router.model_candidates:
             if sampled(task.name, event_id, task.settings.sampling_rate):
                 return False
         self.count(source, "skipped")

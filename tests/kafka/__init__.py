@@ -14,6 +14,7 @@ import yaml
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from monitor.core.review import ReviewItem
 from tests.ports import free_port
 from tests.waiting import wait_until
 
@@ -29,6 +30,7 @@ __all__ = [
     "read_all",
     "relmon_config",
     "relmon_topics",
+    "review_item",
     "unique",
 ]
 
@@ -67,6 +69,20 @@ async def new_topic(bootstrap: str, prefix: str, partitions: int = 1, **options:
     finally:
         await admin.close()
     return name
+
+
+def review_item(n: int) -> ReviewItem:
+    """A review item with id ``i<n>`` and two candidate answers."""
+    return ReviewItem(
+        item_id=f"i{n}",
+        model="m",
+        task="t",
+        query="q",
+        candidates=(("a", 5), ("b", 3)),
+        k=8,
+        inclusion_probability=1.0,
+        sampled_at=1_800_000_000.0 + n,
+    )
 
 
 def event_bytes(item_id: str, *, content: str = "What is 2+2?", task: str = "triage") -> bytes:

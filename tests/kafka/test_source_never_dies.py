@@ -27,7 +27,7 @@ from monitor.app.runner import start_service
 from monitor.config import load_settings
 from monitor.core.errors import InputError
 from monitor.core.events import TrafficEvent
-from monitor.core.review import ReviewItem, Verdict, verdict_score
+from monitor.core.review import Verdict, verdict_score
 from monitor.engine.ports import Admission, VerdictOutcome
 from tests.kafka import (
     committed,
@@ -39,6 +39,7 @@ from tests.kafka import (
     read_all,
     relmon_config,
     relmon_topics,
+    review_item,
     unique,
 )
 from tests.kafka.test_kafka_source import Recorder, make_source, running
@@ -265,19 +266,6 @@ async def test_random_bytes_never_stop_the_source(
 
 
 # -- the verdict follower ---------------------------------------------------------------
-
-
-def review_item(n: int) -> ReviewItem:
-    return ReviewItem(
-        item_id=f"i{n}",
-        model="m",
-        task="t",
-        query="q",
-        candidates=(("a", 5), ("b", 3)),
-        k=8,
-        inclusion_probability=1.0,
-        sampled_at=1_800_000_000.0 + n,
-    )
 
 
 def verdict(item_id: str) -> bytes:

@@ -22,9 +22,9 @@ import adapters.kafka.verdicts as verdicts_module
 from adapters.kafka.connection import StoppingError, close_clients
 from adapters.kafka.review import KafkaCalibrationStore, KafkaReviewQueue, durable_producer
 from adapters.kafka.verdicts import KafkaVerdictConsumer
-from monitor.core.review import ReviewItem, Verdict, verdict_score
+from monitor.core.review import Verdict, verdict_score
 from monitor.engine.ports import VerdictOutcome
-from tests.kafka import new_topic, produce, unique
+from tests.kafka import new_topic, produce, review_item, unique
 from tests.kafka.test_kafka_source import Recorder, make_source
 from tests.waiting import wait_until
 
@@ -50,16 +50,7 @@ async def paused_on_demand(proc: subprocess.Popen[bytes]) -> AsyncIterator[Calla
             os.kill(proc.pid, signal.SIGCONT)
 
 
-ITEM = ReviewItem(
-    item_id="i1",
-    model="m",
-    task="t",
-    query="q",
-    candidates=(("a", 5), ("b", 3)),
-    k=8,
-    inclusion_probability=1.0,
-    sampled_at=1_800_000_000.0,
-)
+ITEM = review_item(1)
 
 
 def pausing(

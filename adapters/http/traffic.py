@@ -28,6 +28,7 @@ from typing import Any, Literal
 import structlog
 from yarl import URL
 
+from adapters.http import wire
 from adapters.http.exchange import Forwarding
 from adapters.http.intake import Intake, RejectCallback, SkipCallback, TaskResolver
 from adapters.http.messages import HOP_BY_HOP_HEADERS, json_response_text, sse_response_text
@@ -188,7 +189,13 @@ class TrafficServer:
             ) from None
         self._server = server
         self._bound_port = int(server.sockets[0].getsockname()[1])
-        _log.info("traffic_server_started", mode=self._mode, host=self._host, port=self._bound_port)
+        _log.info(
+            "traffic_server_started",
+            mode=self._mode,
+            host=self._host,
+            port=self._bound_port,
+            compiled=not wire.__file__.endswith(".py"),  # make compile, the container image
+        )
 
     async def stop(self) -> None:
         """Stop listening, let running requests finish (up to the shutdown timeout)."""

@@ -304,17 +304,12 @@ async def _start_traffic(running: Running, metrics: Metrics) -> None:
         return
     metrics.init_source(settings.traffic.mode)
     header, traffic = settings.traffic.task_header, settings.traffic
-
-    def skip(source: str, task: str | None, event_id: str) -> bool:
-        """The fast path: decided before the event is parsed (its model unknown if no task)."""
-        if task is not None:
-            return service.skip_unsampled(source, task, None, event_id)
-        return service.admission.skip_unsampled_any_model(source, event_id)
-
     running.traffic_server = TrafficServer(
         sink=service.offer,
         reject=service.reject,
-        task_resolver=lambda h, p, b: service.resolve_task_name(h, p, b, header),
+        # Both called for every proxied or mirrored request: bound methods of compiled
+        # classes, with no Python function between (setup.py).
+        task_resolver=functools.partial(service.router.resolve_name, header_name=header),
         mode=settings.traffic.mode,
         host=traffic.host,
         port=traffic.port,
@@ -323,7 +318,7 @@ async def _start_traffic(running: Running, metrics: Metrics) -> None:
         upstream_timeout_s=traffic.upstream_read_timeout_s,
         upstream_connect_timeout_s=traffic.upstream_connect_timeout_s,
         upstream_max_connections=traffic.upstream_pool_size,
-        skip=skip,
+        skip=service.admission.skip_by_head,
         metrics=ProxyMetrics(running.registry) if traffic.mode == "proxy" else None,
     )
     await _listen(

@@ -117,17 +117,9 @@ class AdmissionControl:
         self.stats = stats
         self.accepting = True
         self._admitted: OrderedDict[str, asyncio.Future[None] | None] = OrderedDict()
-        self._counters: dict[tuple[str, str], Any] = {}
 
     def count(self, source: str, decision: str) -> None:
-        # The labelled child once per (source, decision): labels() on every event cost a
-        # tenth of a Kafka source's loop (a profile of bench/kafka_source_bench.py).
-        counter = self._counters.get((source, decision))
-        if counter is None:
-            counter = self._counters[source, decision] = self.metrics.traffic_events.labels(
-                source, decision
-            )
-        counter.inc()
+        self.metrics.traffic_events.add(source, decision)  # plain ints: no lock, no labels()
         self.stats.by_decision[decision] += 1
 
     def reject(self, source: str, reason: str) -> None:
@@ -183,6 +175,13 @@ class AdmissionControl:
                 return False
         self.count(source, "skipped")
         return True
+
+    def skip_by_head(self, source: str, task_name: str | None, event_id: str) -> bool:
+        """The traffic port's fast path, decided from a request's head: by its task when
+        the head names one, else whatever its model (:meth:`skip_unsampled_any_model`)."""
+        if task_name is not None:
+            return self.skip_unsampled(source, task_name, None, event_id)
+        return self.skip_unsampled_any_model(source, event_id)
 
     def _no_room(self, source: str, wait: bool) -> Admission:
         if wait:

@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from monitor.core.ppi import PPIEstimate
 from monitor.core.window import WindowSnapshot
@@ -33,6 +35,7 @@ __all__ = [
     "TOP_ANSWER_OUTCOMES",
     "TRAFFIC_DECISIONS",
     "VERDICT_KINDS",
+    "EventCounts",
     "Metrics",
 ]
 
@@ -51,6 +54,37 @@ TOP_ANSWER_OUTCOMES: Final = ("accepted", "rejected")
 """``relmon_top_answers_total{outcome}`` values."""
 
 disable_created_metrics()  # type: ignore[no-untyped-call]
+
+
+class EventCounts(Collector):
+    """``relmon_traffic_events_total{source,decision}`` as plain ints: every traffic
+    event adds one (a dict update, no lock: a locked Prometheus counter cost a proxied
+    request more than a microsecond), read when the registry is collected."""
+
+    NAME: Final = "relmon_traffic_events"
+    HELP: Final = "Traffic events by source and what relmon did with them."
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.counts: dict[tuple[str, str], int] = {}
+        registry.register(self)
+
+    def add(self, source: str, decision: str) -> None:
+        key = (source, decision)
+        self.counts[key] = self.counts.get(key, 0) + 1
+
+    def init(self, source: str) -> None:
+        """Every decision of ``source`` at 0 (kept if already counted)."""
+        for decision in TRAFFIC_DECISIONS:
+            self.counts.setdefault((source, decision), 0)
+
+    def describe(self) -> list[Metric]:
+        return [CounterMetricFamily(self.NAME, self.HELP, labels=["source", "decision"])]
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(self.NAME, self.HELP, labels=["source", "decision"])
+        for (source, decision), count in list(self.counts.items()):  # a copy: one C call
+            family.add_metric([source, decision], count)
+        yield family
 
 
 def _rank_buckets(k_max: int) -> list[float]:
@@ -187,12 +221,7 @@ class Metrics:
 
     def _traffic_and_review_metrics(self, registry: CollectorRegistry) -> None:
         mt = ("model", "task")
-        self.traffic_events = Counter(
-            "relmon_traffic_events",
-            "Traffic events by source and what relmon did with them.",
-            ("source", "decision"),
-            registry=registry,
-        )
+        self.traffic_events = EventCounts(registry)
         self.items = Counter(
             "relmon_items",
             "Sampled items by outcome: scored; abandoned after failed model calls; "
@@ -369,8 +398,7 @@ class Metrics:
         ``relmon_traffic_events_total`` decision."""
         self.source_restarts.labels(source)
         if traffic:
-            for decision in TRAFFIC_DECISIONS:
-                self.traffic_events.labels(source, decision)
+            self.traffic_events.init(source)
 
     def publish(
         self, model: str, task: str, snapshot: WindowSnapshot, alphas: Sequence[float]

@@ -11,7 +11,7 @@ from typing import Any, cast
 from prometheus_client import CollectorRegistry
 
 from monitor.config import TaskSettings
-from monitor.core.sampler import sampled
+from monitor.core.sampler import CallBudget, sampled
 from monitor.engine.admission import AdmissionControl, TaskRouter
 from monitor.engine.metrics import Metrics
 from monitor.engine.runtime import ServiceStats, TaskRuntime
@@ -33,7 +33,7 @@ def test_skipped_whatever_the_model_is_exactly_what_offer_would_skip_for_every_m
         store=none,
         metrics=Metrics(registry),
         clock=none,
-        budget=none,
+        budget=CallBudget(1000, 0.0),
         queue=asyncio.Queue(),
         stats=stats,
     )

@@ -18,9 +18,14 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from adapters.http import exchange
 from adapters.http.traffic import TrafficServer, header_task_resolver
 from monitor.core.events import TrafficEvent
 from monitor.engine.ports import Admission
+
+COMPILED = not exchange.__file__.endswith(".py")
+"""The data plane runs compiled (``make compile``): a test cannot patch a function a
+compiled module calls; ``test_plain_python.py`` runs such tests on plain Python."""
 
 COMPLETION = {
     "id": "chatcmpl-1",

@@ -18,7 +18,13 @@ from adapters.http import exchange as data_plane
 from adapters.http import intake, messages
 from tests.waiting import wait_until
 
-from .conftest import COMPLETION_BYTES, Recorder, StartTraffic, Upstream
+from .conftest import COMPILED, COMPLETION_BYTES, Recorder, StartTraffic, Upstream
+
+plain_python_only = pytest.mark.skipif(
+    COMPILED,
+    reason="injects a bug by patching the data plane, which compiled code does not see: "
+    "tests/http/test_plain_python.py runs it on the plain-Python modules",
+)
 
 CHAT = {"model": "m1", "messages": [{"role": "user", "content": "What is 6*7?"}]}
 
@@ -142,6 +148,7 @@ async def test_a_bug_after_the_mirror_answered_is_counted_once_and_the_listener_
     assert len(recorder.rejects) == 2  # {} is no event: rejected, once
 
 
+@plain_python_only
 async def test_a_bug_before_the_proxy_answered_is_a_500_counted_once(
     proxy: tuple[str, Recorder], client: aiohttp.ClientSession, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -165,6 +172,7 @@ async def test_a_bug_before_the_proxy_answered_is_a_500_counted_once(
     await one_body_then_a_marker(client, url, recorder, json.dumps(CHAT).encode(), 201)
 
 
+@plain_python_only
 async def test_a_bug_on_the_fast_path_is_a_500_counted_once_and_the_body_still_whole(
     proxy: tuple[str, Recorder], client: aiohttp.ClientSession, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -107,8 +107,8 @@ bench: $(COMPILE_STAMP)
 	$(BIN)/python bench/report.py --begin
 	$(BIN)/python bench/mirror_bench.py --json bench/results/mirror.json
 	$(BIN)/python bench/proxy_latency_bench.py --json bench/results/proxy.json
-	$(BIN)/python bench/proxy_saturation_bench.py --upstream nginx --with-lean --json bench/results/proxy_saturation.json
-	$(BIN)/python bench/proxy_saturation_bench.py --data-plane uvloop --upstream nginx --with-lean --json bench/results/proxy_data_plane.json
+	$(BIN)/python bench/proxy_saturation_bench.py --upstream nginx --with-lean --plain-baseline --json bench/results/proxy_saturation.json
+	$(BIN)/python bench/proxy_saturation_bench.py --data-plane uvloop --upstream nginx --with-lean --plain-baseline --json bench/results/proxy_data_plane.json
 	$(BIN)/python bench/stopping_bench.py --json bench/results/stopping.json
 	$(BIN)/python bench/calibration_bench.py --json bench/results/calibration.json
 	$(BIN)/python bench/core_bench.py --json bench/results/core.json

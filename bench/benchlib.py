@@ -20,6 +20,7 @@ import json
 import os
 import platform
 import re
+import shutil
 import socket
 import statistics
 import subprocess
@@ -331,6 +332,20 @@ def start_relmon(
         stop(proc)
         raise RuntimeError(f"relmon did not start; its log: {log}") from None
     return proc
+
+
+def compiled(tree: Path = ROOT) -> bool:
+    """Whether relmon's hot path in ``tree`` is compiled (``make compile``, setup.py)."""
+    return any((tree / "adapters" / "http").glob("wire.*.so"))
+
+
+def plain_copy(dest: Path, tree: Path = ROOT) -> Path:
+    """A copy of ``tree``'s code without its compiled modules: the same code as plain
+    Python, to measure beside the compiled one in the same run."""
+    skip = shutil.ignore_patterns("*.so", "__pycache__")
+    for top in ("monitor", "adapters", "bench"):
+        shutil.copytree(tree / top, dest / top, ignore=skip)
+    return dest
 
 
 def start_relmon_service(

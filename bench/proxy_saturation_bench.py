@@ -312,6 +312,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "nginx": f"http://127.0.0.1:{nginx_port}{path}",
             }
             pids = {"relmon": [relmon.pid], "nginx": _family(nginx.pid)}
+            if args.plain_baseline:
+                args.baseline_tree = benchlib.plain_copy(tmp / "plain")
             if args.baseline_tree is not None:
                 before, before_port = _start_relmon(
                     args, tmp / "before", up_port, args.baseline_tree
@@ -342,6 +344,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "upstream": args.upstream,
         "with_lean": args.with_lean,
         "baseline_tree": str(args.baseline_tree) if args.baseline_tree else None,
+        "plain_baseline": args.plain_baseline,
+        "compiled": {
+            "relmon": benchlib.compiled(),
+            "before": benchlib.compiled(args.baseline_tree) if args.baseline_tree else None,
+        },
         "machine": start_machine,
         "repeat_results": {"latency": latency, "saturation": saturation},
     }
@@ -395,6 +402,11 @@ def main() -> None:
         "--baseline-tree",
         type=Path,
         help="also measure relmon from this checkout (the code before a change)",
+    )
+    parser.add_argument(
+        "--plain-baseline",
+        action="store_true",
+        help="also measure this code as plain Python (a copy without the compiled modules)",
     )
     parser.add_argument(
         "--with-lean",

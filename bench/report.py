@@ -268,10 +268,15 @@ _SAT_HEADER = [
 
 def _same_run(doc: dict[str, Any]) -> list[str]:
     """The targets measured in one run: this code, the baseline tree's, the lean proxy."""
-    rows = [_target_row("relmon, this code", doc, "relmon")]
-    if "before_ratios" in doc:
+    built = doc.get("compiled", {})
+    how = {True: ", compiled", False: ", plain Python", None: ""}
+    rows = [_target_row(f"relmon, this code{how[built.get('relmon')]}", doc, "relmon")]
+    if "before_ratios" in doc and doc.get("plain_baseline"):
+        rows.append(_target_row("relmon, this code as plain Python", doc, "before"))
+    elif "before_ratios" in doc:
         tree = Path(doc.get("baseline_tree") or "the baseline tree").name
-        rows.append(_target_row(f"relmon, code before the change ({tree})", doc, "before"))
+        label = f"relmon, code before the change ({tree}{how[built.get('before')]})"
+        rows.append(_target_row(label, doc, "before"))
     if "lean_ratios" in doc:
         rows.append(_target_row("`bench/lean_proxy.py`, the leanest Python proxy", doc, "lean"))
     return _table(_SAT_HEADER, rows)
@@ -283,7 +288,8 @@ def proxy_data_plane(doc: dict[str, Any]) -> list[str]:
         "",
         f"The same measurement with relmon's data plane alone ({doc['data_plane']}: its "
         "traffic listener, every event skipped, no service around it) in front of "
-        f"{doc['upstream']}, beside the code before the change and `bench/lean_proxy.py` "
+        f"{doc['upstream']}, beside a baseline (this code as plain Python, or the code "
+        "before a change) and `bench/lean_proxy.py` "
         "(no relmon code: httptools on uvloop, every request relayed from the protocol "
         "callbacks, nothing else a proxy must do), every target in the same run. Medians "
         f"over {doc['repeats']} repeats of {doc['seconds']:g} s. {_ran(doc)}",
@@ -291,8 +297,8 @@ def proxy_data_plane(doc: dict[str, Any]) -> list[str]:
         *_same_run(doc),
         "",
         "Reproduce: `.venv/bin/python bench/proxy_saturation_bench.py --data-plane uvloop "
-        "--upstream nginx --with-lean --baseline-tree DIR` (DIR: `git archive COMMIT | tar "
-        "-x -C DIR`)",
+        "--upstream nginx --with-lean --plain-baseline` (or `--baseline-tree DIR`, DIR: "
+        "`git archive COMMIT | tar -x -C DIR`)",
         "",
     ]
 

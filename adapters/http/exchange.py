@@ -263,9 +263,11 @@ class ProxyExchange:
         length: int | None = None
         sse = has_date = False
         parts = [b"HTTP/1.1 %d %b\r\n" % (status, reason)]
-        kind_of = _response_kind
+        kind_of, seen = _response_kind, _response_kind.seen
         for name, value in headers:  # one pass; a name the Connection header lists: below
-            kind = kind_of(name)
+            kind = seen.get(name)
+            if kind is None:
+                kind = kind_of(name)
             if kind:
                 if kind >= 4:  # hop-by-hop: not relayed
                     if kind == 4 and value.lower() not in _PLAIN_CONNECTION:
@@ -277,7 +279,10 @@ class ProxyExchange:
                     sse = value.startswith(b"text/event-stream")
                 else:
                     has_date = True
-            parts += (name, b": ", value, b"\r\n")
+            parts.append(name)  # four appends: no tuple per header
+            parts.append(b": ")
+            parts.append(value)
+            parts.append(b"\r\n")
         if named:  # rare: headers made hop-by-hop by the Connection header
             del parts[1:]
             for name, value in headers:

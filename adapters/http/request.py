@@ -50,19 +50,20 @@ class HeaderKinds:
     ``limit`` distinct raw names (a client's own names cannot grow it without bound), so
     the few names a peer sends again and again cost one dict lookup, not a ``lower()``."""
 
-    __slots__ = ("_kinds", "_limit", "_seen")
+    __slots__ = ("_kinds", "_limit", "seen")
 
     def __init__(self, kinds: dict[bytes, int], limit: int = 512) -> None:
         self._kinds = kinds
         self._limit = limit
-        self._seen: dict[bytes, int] = {}
+        self.seen: dict[bytes, int] = {}
+        """The answers remembered: a caller in a loop reads this first (``seen.get``)."""
 
     def __call__(self, name: bytes) -> int:
-        kind = self._seen.get(name)
+        kind = self.seen.get(name)
         if kind is None:
             kind = self._kinds.get(name.lower(), 0)
-            if len(self._seen) < self._limit:
-                self._seen[name] = kind
+            if len(self.seen) < self._limit:
+                self.seen[name] = kind
         return kind
 
 
@@ -194,9 +195,11 @@ class Request:
         forwarded: list[bytes] = []
         connection = b""
         expect = request_id = length = encoding = None
-        kind_of = _request_kind
+        kind_of, seen = _request_kind, _request_kind.seen
         for name, value in self.headers:
-            kind = kind_of(name)
+            kind = seen.get(name)
+            if kind is None:
+                kind = kind_of(name)
             if kind:
                 if kind == _LENGTH:
                     length = value
@@ -210,7 +213,10 @@ class Request:
                     elif kind == _EXPECT:
                         expect = value
                     continue  # not forwarded
-            forwarded += (name, b": ", value, b"\r\n")
+            forwarded.append(name)  # four appends: no tuple per header
+            forwarded.append(b": ")
+            forwarded.append(value)
+            forwarded.append(b"\r\n")
         self.forwarded = forwarded
         self.connection: bytes = connection
         self.expect: bytes | None = expect

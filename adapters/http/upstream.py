@@ -20,20 +20,14 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections import deque
-from typing import Protocol, cast
+from typing import TYPE_CHECKING, cast
 
 import httptools
 
-__all__ = ["Exchange", "UpstreamConnection", "UpstreamPool"]
+if TYPE_CHECKING:  # the exchange imports this module: named for the types only
+    from adapters.http.exchange import ProxyExchange
 
-
-class Exchange(Protocol):
-    """What an upstream connection reports to the request it carries."""
-
-    def on_head(self, status: int, reason: bytes, headers: list[tuple[bytes, bytes]]) -> None: ...
-    def on_body(self, chunk: bytes) -> None: ...
-    def on_done(self) -> None: ...
-    def on_lost(self, reason: str) -> None: ...
+__all__ = ["UpstreamConnection", "UpstreamPool"]
 
 
 class UpstreamConnection(asyncio.Protocol):
@@ -44,7 +38,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._loop = pool.loop
         self._parser = httptools.HttpResponseParser(self)
         self.transport: asyncio.Transport | None = None
-        self.exchange: Exchange | None = None
+        self.exchange: ProxyExchange | None = None
         self.closed = False
         self.reused = False
         self.got_bytes = False
@@ -61,14 +55,14 @@ class UpstreamConnection(asyncio.Protocol):
         self._writable = True
         self._drain: asyncio.Future[None] | None = None
 
-    def send(self, exchange: Exchange, head_only: bool, request: bytes) -> None:
+    def send(self, exchange: ProxyExchange, head_only: bool, request: bytes) -> None:
         """Carry ``exchange``, its whole ``request`` written at once: :meth:`start`, the
         write and :meth:`watch` in one call."""
         self.start(exchange, head_only)
         self.write(request)
         self.watch()
 
-    def start(self, exchange: Exchange, head_only: bool) -> None:
+    def start(self, exchange: ProxyExchange, head_only: bool) -> None:
         """Carry ``exchange`` (its request is written next)."""
         self.exchange = exchange
         self.head_only = head_only

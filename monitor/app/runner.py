@@ -42,6 +42,7 @@ from monitor.app.wiring import (
 )
 from monitor.config import Settings
 from monitor.core.errors import ConfigError, RelmonError
+from monitor.engine.admission import HeaderTaskResolver
 from monitor.engine.follower import VerdictFollower
 from monitor.engine.metrics import Metrics
 from monitor.engine.ports import CalibrationStore, Source
@@ -307,9 +308,9 @@ async def _start_traffic(running: Running, metrics: Metrics) -> None:
     running.traffic_server = TrafficServer(
         sink=service.offer,
         reject=service.reject,
-        # Both called for every proxied or mirrored request: bound methods of compiled
-        # classes, with no Python function between (setup.py).
-        task_resolver=functools.partial(service.router.resolve_name, header_name=header),
+        # Both called for every proxied or mirrored request: compiled (setup.py), with no
+        # Python function between.
+        task_resolver=HeaderTaskResolver(service.router, header),
         mode=settings.traffic.mode,
         host=traffic.host,
         port=traffic.port,

@@ -21,7 +21,7 @@ from monitor.engine.metrics import Metrics
 from monitor.engine.ports import Admission, CalibrationStore, Clock
 from monitor.engine.runtime import Job, ServiceStats, TaskRuntime, item_id
 
-__all__ = ["RECENT_ITEM_IDS", "AdmissionControl", "TaskRouter"]
+__all__ = ["RECENT_ITEM_IDS", "AdmissionControl", "HeaderTaskResolver", "TaskRouter"]
 
 log = structlog.get_logger("relmon")
 
@@ -47,10 +47,12 @@ class TaskRouter:
             None,
         )
         # The tasks an event whose task follows from its model may get: those matched by
-        # model, and the catch-all one (skip_unsampled_any_model, for every such event).
-        self.model_candidates = [t for t in tasks.values() if t.settings.match.model is not None]
+        # model, and the catch-all one; their (name, sampling rate), read by
+        # skip_unsampled_any_model for every such event.
+        candidates = [t for t in tasks.values() if t.settings.match.model is not None]
         if self._catch_all is not None:
-            self.model_candidates.append(self._catch_all)
+            candidates.append(self._catch_all)
+        self.candidate_rates = [(t.name, t.settings.sampling_rate) for t in candidates]
         # The match rules as lookups, the first task in order winning each.
         self._by_header: dict[str, str] = {}
         self._by_model: dict[str, TaskRuntime] = {}
@@ -92,6 +94,21 @@ class TaskRouter:
         model = body.get("model")
         task = self._by_model.get(model) if isinstance(model, str) else None
         return task.name if task is not None else None
+
+
+class HeaderTaskResolver:
+    """``(headers, path, body) -> task name``, for the traffic port:
+    :meth:`TaskRouter.resolve_name` with the task header's name bound (one compiled call
+    per request, where a ``functools.partial`` built keyword arguments every time)."""
+
+    def __init__(self, router: TaskRouter, header_name: str) -> None:
+        self.router = router
+        self.header_name = header_name
+
+    def __call__(
+        self, headers: Mapping[str, str], path: str, body: Mapping[str, Any]
+    ) -> str | None:
+        return self.router.resolve_name(headers, path, body, self.header_name)
 
 
 class AdmissionControl:
@@ -170,8 +187,8 @@ class AdmissionControl:
         read: True (counted ``skipped``) when it would be skipped whatever the model,
         that is, not sampled by any task a model can select (those matched by model,
         and the catch-all task)."""
-        for task in self.router.model_candidates:
-            if sampled(task.name, event_id, task.settings.sampling_rate):
+        for name, rate in self.router.candidate_rates:
+            if sampled(name, event_id, rate):
                 return False
         self.count(source, "skipped")
         return True

@@ -114,13 +114,14 @@ def test_proxy_saturation_bench_beside_nginx(quick: tuple[Path, dict[str, str | 
 
 
 @pytest.mark.timeout(600)
-def test_proxy_data_plane_beside_the_lean_proxy_and_a_baseline_tree(tmp_path: Path) -> None:
-    """The data plane alone, the lean proxy and another checkout (here this one) as
-    targets of one run; the report renders them in section 2."""
+def test_proxy_data_plane_beside_the_lean_proxy_and_plain_python(tmp_path: Path) -> None:
+    """The data plane alone, the lean proxy and this code as plain Python (a baseline
+    tree without the compiled modules) as targets of one run; the report renders them
+    in section 2."""
     out = tmp_path / "proxy_data_plane.json"
     command = [sys.executable, str(BENCH / "proxy_saturation_bench.py"), "--quick"]
     command += ["--json", str(out), "--data-plane", "uvloop", "--upstream", "nginx"]
-    command += ["--with-lean", "--baseline-tree", str(ROOT)]
+    command += ["--with-lean", "--plain-baseline"]
     result = subprocess.run(
         command,
         cwd=ROOT,
@@ -134,6 +135,8 @@ def test_proxy_data_plane_beside_the_lean_proxy_and_a_baseline_tree(tmp_path: Pa
     for target in ("relmon", "nginx", "before", "lean"):
         assert doc["saturation"][target]["errors"] == 0
         assert positive(doc["saturation"][target]["requests_per_s"])
+    compiled_here = any((ROOT / "adapters" / "http").glob("wire.*.so"))
+    assert doc["compiled"] == {"relmon": compiled_here, "before": False}
     for other in ("before", "lean"):
         ratios = doc[f"{other}_ratios"]
         assert ratios["cpu_per_request"] == pytest.approx(
@@ -148,6 +151,7 @@ def test_proxy_data_plane_beside_the_lean_proxy_and_a_baseline_tree(tmp_path: Pa
     text = md.read_text()
     assert "### The data plane alone beside nginx, in one run" in text
     assert "the leanest Python proxy" in text
+    assert "relmon, this code as plain Python" in text
 
 
 @pytest.mark.timeout(900)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from time import perf_counter
 from typing import Final
 
 from adapters.http.intake import HeaderView, Intake
@@ -170,7 +171,7 @@ class ProxyExchange:
         if req.chunked:
             body = _chunk(body) + b"0\r\n\r\n" if body else b"0\r\n\r\n"
         conn.send(self, req.method == b"HEAD", head + body)
-        self.sent_at = conn.last_activity
+        self.sent_at = perf_counter()
 
     async def run(self, body: bytes, complete: bool, *, retry: bool = False) -> str | None:
         """Forward, relay, wait for the end; the failure reason or None (relayed whole).
@@ -251,7 +252,7 @@ class ProxyExchange:
         if chunked:
             conn.write(b"0\r\n\r\n")
         conn.watch()
-        self.sent_at = conn.last_activity
+        self.sent_at = perf_counter()
         return True
 
     # -- the answer (called by the upstream connection) ------------------------------------
@@ -325,14 +326,13 @@ class ProxyExchange:
                 self.oversize_response = True
 
     def on_done(self) -> None:
-        loop = self.fwd.pool.loop
-        self.upstream_done_at = loop.time()
+        self.upstream_done_at = perf_counter()
         if self._whole is not None:
             self.guard.started = True
             self.client.write(b"".join(self._whole))
         elif self._rechunk:
             self.client.write(b"0\r\n\r\n")
-        self.client_done_at = loop.time()
+        self.client_done_at = perf_counter()
         self._end(None)
 
     def on_lost(self, reason: str) -> None:

@@ -219,7 +219,7 @@ class ServerConnection(asyncio.Protocol):
     def on_message_complete(self) -> None:
         request, self._parsing = self._parsing, None
         if request is not None:
-            request.received_at = self._loop.time()
+            request.received_at = time.perf_counter()
             request.body.finish()
             if request is self._held:
                 self._held = None

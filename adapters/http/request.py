@@ -156,7 +156,8 @@ class Body:
 
 
 class Request:
-    """One parsed request head, its body to come, and when it was received.
+    """One parsed request head, its body to come, and when it was received
+    (``received_at``: ``time.perf_counter()`` once the whole request is here).
 
     ``headers``: every ``(name, value)`` as received; ``forwarded``: the header lines a
     proxy passes on (:data:`NOT_FORWARDED` left out), as parts to join.

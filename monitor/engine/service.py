@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import structlog
 
@@ -207,12 +206,6 @@ class MonitorService:
 
     def resolve_task(self, event: TrafficEvent) -> TaskRuntime | None:
         return self.router.resolve(event)
-
-    def resolve_task_name(
-        self, headers: Mapping[str, str], path: str, body: Mapping[str, Any], header_name: str
-    ) -> str | None:
-        """Task for an HTTP request: header value, then path prefix, then model."""
-        return self.router.resolve_name(headers, path, body, header_name)
 
     # ----------------------------------------------------------------- workers
 

@@ -192,11 +192,15 @@ class ProxyExchange:
             if client.closed:
                 conn.close()
                 return "client"
-            if complete:
-                self.send(conn, body)
-            elif not await self._stream_body(conn, body):
-                return "client"
-            outcome = await self.finished
+            try:
+                if complete:
+                    self.send(conn, body)
+                elif not await self._stream_body(conn, body):
+                    return "client"
+                outcome = await self.finished
+            except BaseException:  # a bug, or the handler cancelled: the connection is in
+                conn.close()  # an unknown state, and would stay taken from the pool
+                raise
             if attempt == 0 and complete and self.retriable(outcome):
                 continue
             return self.settle(outcome)

@@ -173,6 +173,37 @@ async def test_a_bug_before_the_proxy_answered_is_a_500_counted_once(
 
 
 @plain_python_only
+async def test_a_bug_while_sending_upstream_closes_the_connection_it_took(
+    upstream: Upstream,
+    start_traffic: StartTraffic,
+    client: aiohttp.ClientSession,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The connection a failed request took from the pool is closed, not left taken: a
+    pool whose every connection leaked would make every later request wait."""
+    server = await start_traffic("proxy", Recorder(), upstream_url=upstream.url + "/echo")
+    url = f"http://127.0.0.1:{server.bound_port}/v1/chat/completions"
+    pool = server._pool
+    assert pool is not None
+
+    def broken(*args: object) -> None:
+        raise KeyError("a bug")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(data_plane, "request_head", broken)
+        for _ in range(3):
+            async with client.post(url, json=CHAT) as r:
+                assert r.status == 500
+    await wait_until(
+        lambda: pool._open == len(pool._idle),
+        what="no upstream connection left taken",
+        detail=lambda: f"open {pool._open}, idle {len(pool._idle)}",
+    )
+    async with client.post(url, json=CHAT) as r:
+        assert r.status == 201
+
+
+@plain_python_only
 async def test_a_bug_on_the_fast_path_is_a_500_counted_once_and_the_body_still_whole(
     proxy: tuple[str, Recorder], client: aiohttp.ClientSession, monkeypatch: pytest.MonkeyPatch
 ) -> None:

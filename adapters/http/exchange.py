@@ -16,7 +16,7 @@ from typing import Final
 from adapters.http.intake import HeaderView, Intake
 from adapters.http.proxy_metrics import ProxyMetrics
 from adapters.http.request import HOP_BY_HOP, NOT_FORWARDED, HeaderKinds, Request
-from adapters.http.upstream import UpstreamConnection, UpstreamPool
+from adapters.http.upstream import Exchange, UpstreamConnection, UpstreamPool
 from adapters.http.wire import ServerConnection, error_response, http_date
 
 __all__ = [
@@ -105,7 +105,7 @@ class ExchangeGuard:
             self.intake.reject(self.intake.source, reason)
 
 
-class ProxyExchange:
+class ProxyExchange(Exchange):
     """One request through the proxy (see the module); :meth:`run` returns when done."""
 
     __slots__ = (

@@ -20,14 +20,31 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections import deque
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 import httptools
 
-if TYPE_CHECKING:  # the exchange imports this module: named for the types only
-    from adapters.http.exchange import ProxyExchange
+__all__ = ["Exchange", "UpstreamConnection", "UpstreamPool"]
 
-__all__ = ["UpstreamConnection", "UpstreamPool"]
+
+class Exchange:
+    """What an upstream connection reports to the request it carries (the proxy's
+    :class:`~adapters.http.exchange.ProxyExchange` overrides each method). A base class,
+    not a Protocol: compiled (setup.py), a call through it is a direct call."""
+
+    __slots__ = ()
+
+    def on_head(self, status: int, reason: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+        raise NotImplementedError
+
+    def on_body(self, chunk: bytes) -> None:
+        raise NotImplementedError
+
+    def on_done(self) -> None:
+        raise NotImplementedError
+
+    def on_lost(self, reason: str) -> None:
+        raise NotImplementedError
 
 
 class UpstreamConnection(asyncio.Protocol):
@@ -38,7 +55,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._loop = pool.loop
         self._parser = httptools.HttpResponseParser(self)
         self.transport: asyncio.Transport | None = None
-        self.exchange: ProxyExchange | None = None
+        self.exchange: Exchange | None = None
         self.closed = False
         self.reused = False
         self.got_bytes = False
@@ -55,14 +72,14 @@ class UpstreamConnection(asyncio.Protocol):
         self._writable = True
         self._drain: asyncio.Future[None] | None = None
 
-    def send(self, exchange: ProxyExchange, head_only: bool, request: bytes) -> None:
+    def send(self, exchange: Exchange, head_only: bool, request: bytes) -> None:
         """Carry ``exchange``, its whole ``request`` written at once: :meth:`start`, the
         write and :meth:`watch` in one call."""
         self.start(exchange, head_only)
         self.write(request)
         self.watch()
 
-    def start(self, exchange: ProxyExchange, head_only: bool) -> None:
+    def start(self, exchange: Exchange, head_only: bool) -> None:
         """Carry ``exchange`` (its request is written next)."""
         self.exchange = exchange
         self.head_only = head_only

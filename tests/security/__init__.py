@@ -34,8 +34,10 @@ from tests.waiting import wait_until_sync
 TOKEN = "security-test-token-0123456789"
 PROMPT = "PROMPT-quokka-4412: write to alice.quokka@example.com or call +44 20 7946 0958"
 ANSWER = "ANSWER-okapi-5521, mail carol.okapi@example.org, card 4111 1111 1111 1111"
-SECRETS = ("quokka", "okapi", "alice.", "carol", "7946", "4111")
-"""Fragments of the prompt and answer that must not appear where they must not."""
+SECRETS = ("quokka", "okapi", "alice.", "carol", "7946 0958", "79460958", "4111 1111", "41111111")
+"""Fragments of the prompt and answer that must not appear where they must not. The
+phone and card numbers are 8 digits long, with their space or without: a bare "4111"
+turned up in a log line's microsecond timestamp (…15.324111Z) and failed a clean log."""
 
 
 class ModelThread:

@@ -20,7 +20,8 @@ from setuptools import setup
 COMPILED = [
     "adapters/http/request.py",
     "adapters/http/wire.py",
-    "adapters/http/upstream.py",
+    "adapters/upstream/pool.py",
+    "adapters/openai/transport.py",
     "adapters/http/exchange.py",
     "adapters/http/proxy.py",
     "adapters/http/proxy_metrics.py",

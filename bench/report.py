@@ -26,6 +26,7 @@ SECTIONS = (
     "proxy",
     "proxy_saturation",
     "proxy_data_plane",
+    "model_client",
     "stopping",
     "calibration",
     "soak",
@@ -606,6 +607,35 @@ def core(doc: dict[str, Any]) -> list[str]:
     return [*out, "", "Reproduce: `.venv/bin/python bench/core_bench.py`", ""]
 
 
+def model_client(doc: dict[str, Any]) -> list[str]:
+    labels = {
+        "relmon": "relmon's model client (`OpenAIClient`)"
+        + (", compiled" if doc.get("compiled") else ""),
+        "aiohttp": "bare `aiohttp.ClientSession` (baseline)",
+    }
+    rows = [
+        [
+            labels.get(name, f"`OpenAIClient` of {name} (`{doc['trees'][name]}`)"),
+            f"{s['cpu_us_per_call']:.1f}",
+            f"{s['calls_per_s']:,.0f}",
+            _x(doc["ratios_to_aiohttp"][name]["cpu_per_call"]),
+        ]
+        for name, s in doc["summary"].items()
+    ]
+    out = [
+        "### The model client: CPU per re-ask call",
+        "",
+        "A sampled item's re-asks run on the event loop that serves the live traffic, so "
+        "each call's CPU is taken from the proxy. Calls to nginx answering a fixed chat "
+        f"completion, {doc['concurrency']} at a time, {doc['calls']:,} per target and "
+        f"repeat, medians of {doc['repeats']} repeats, each target in its own process on "
+        f"uvloop. {_ran(doc)}",
+        "",
+        *_table(["client", "CPU-µs per call", "calls/s", "CPU vs bare aiohttp"], rows),
+    ]
+    return [*out, "", "Reproduce: `.venv/bin/python bench/model_client_bench.py`", ""]
+
+
 def kafka_scale(doc: dict[str, Any] | None) -> list[str]:
     out = ["## 7. Kafka scale-out and replay", ""]
     if doc is None:
@@ -838,6 +868,8 @@ def render(docs: dict[str, dict[str, Any]]) -> str:
             lines += proxy_saturation(docs["proxy_saturation"])
         if name == "proxy" and "proxy_data_plane" in docs:
             lines += proxy_data_plane(docs["proxy_data_plane"])
+        if name == "proxy" and "model_client" in docs:
+            lines += model_client(docs["model_client"])
     lines += soak(docs.get("soak"))
     if "core" in docs:
         lines += core(docs["core"])

@@ -16,8 +16,8 @@ from typing import Final
 from adapters.http.intake import HeaderView, Intake
 from adapters.http.proxy_metrics import ProxyMetrics
 from adapters.http.request import HOP_BY_HOP, NOT_FORWARDED, HeaderKinds, Request
-from adapters.http.upstream import Exchange, UpstreamConnection, UpstreamPool
 from adapters.http.wire import ServerConnection, error_response, http_date
+from adapters.upstream.pool import Exchange, UpstreamConnection, UpstreamPool
 
 __all__ = [
     "WHOLE_BODY_BYTES",

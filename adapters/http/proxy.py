@@ -3,7 +3,7 @@ its answer back, as bytes, with no copy of a header or a body it does not need.
 
 Every request (any method and path) goes to the upstream's path prefix + the request's
 own target (path and query, byte for byte) on a pooled keep-alive connection
-(:mod:`adapters.http.upstream`), with the client's headers minus hop-by-hop ones,
+(:mod:`adapters.upstream.pool`), with the client's headers minus hop-by-hop ones,
 ``Host`` and ``Expect`` (``100-continue`` is answered here). The body keeps its framing
 (a length, or chunks). The answer's status, reason, headers (repeated ones too) and body
 come back unchanged, hop-by-hop headers dropped; chunked and close-delimited bodies go to

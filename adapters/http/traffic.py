@@ -35,8 +35,8 @@ from adapters.http.messages import HOP_BY_HOP_HEADERS, json_response_text, sse_r
 from adapters.http.mirror import Mirror
 from adapters.http.proxy import Proxy, is_chat_completions_path
 from adapters.http.proxy_metrics import ProxyMetrics
-from adapters.http.upstream import UpstreamPool
 from adapters.http.wire import FastHandler, Handler, ServerConnection
+from adapters.upstream.pool import UpstreamPool
 from monitor.core.errors import ConfigError, StateError
 from monitor.engine.ports import EventSink
 

@@ -1,10 +1,10 @@
 """An OpenAI-compatible chat-completions client for re-asking the monitored model.
 
-:class:`OpenAIClient` implements :class:`monitor.engine.ports.ModelClient` with aiohttp: one
-pooled session per endpoint, bounded concurrency, an optional token-bucket rate limit,
-retries with jittered exponential backoff, a circuit breaker, and a hard cap on the
-size of a response. Every aiohttp or OS error is translated into
-:class:`~monitor.core.errors.ModelCallError` here; nothing above this module sees aiohttp.
+:class:`OpenAIClient` implements :class:`monitor.engine.ports.ModelClient`: one pool of
+keep-alive connections per endpoint (:mod:`.transport`), bounded concurrency, an
+optional token-bucket rate limit, retries with jittered exponential backoff, a circuit
+breaker, and a hard cap on the size of a response. Every network or OS error is
+translated into :class:`~monitor.core.errors.ModelCallError` here.
 
 What is sent
     With ``forward=True`` (the monitored model's client) the request as given, which
@@ -70,9 +70,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final, Literal, get_args
 from urllib.parse import urlsplit, urlunsplit
 
-import aiohttp
-
 from adapters.openai.limits import CircuitBreaker, TokenBucket
+from adapters.openai.transport import ModelTransport, TransportError
 from adapters.openai.wire import (
     FORWARDED_FIELDS,
     build_body,
@@ -120,7 +119,12 @@ _RETRY_KIND: Final[dict[str, str]] = {
     "invalid_response": "invalid",
 }
 DEFAULT_INVALID_RETRIES: Final = 2
-_CHUNK: Final = 65536
+_TRANSPORT_OUTCOME: Final[dict[str, Outcome]] = {
+    "timeout": "timeout",
+    "too_big": "invalid_response",
+    "invalid": "invalid_response",
+}
+"""The outcome of each :class:`TransportError` kind; any other is a connection error."""
 
 
 class _CallError(Exception):
@@ -196,33 +200,35 @@ class OpenAIClient:
         self._retries = limits
         self._url = base_url.rstrip("/") + "/chat/completions"
         self._shown_url = shown_url(self._url)
-        self._base_url = base_url
+        key = "'***'" if api_key else "None"  # the key itself lives in the transport only
+        self._repr = f"OpenAIClient(base_url={base_url!r}, model={model!r}, api_key={key})"
         self._model = model
-        self._api_key = api_key
         self._temperature = float(temperature)
         self._max_tokens = int(max_tokens)
-        self._timeout_s = float(timeout_s)
-        self._concurrency = int(concurrency)
         self._supports_n = supports_n
         self._backoff_base_s = float(backoff_base_s)
         self._backoff_max_s = float(backoff_max_s)
-        self._max_response_bytes = int(max_response_bytes)
         self._forward = forward
         self._on_outcome = on_outcome
         self._sleep = sleep if sleep is not None else asyncio.sleep
         self._clock: Clock = clock if clock is not None else SystemClock()
         self._rng = rng if rng is not None else random.Random()
-        self._slots = asyncio.Semaphore(self._concurrency)
+        self._slots = asyncio.Semaphore(int(concurrency))
         self._bucket = (
             TokenBucket(rate_limit_per_s, self._clock) if rate_limit_per_s is not None else None
         )
         self._breaker = CircuitBreaker(breaker_threshold, float(breaker_cooldown_s), self._clock)
-        self._session: aiohttp.ClientSession | None = None
+        self._transport = ModelTransport(
+            self._url,
+            api_key=api_key,
+            timeout_s=float(timeout_s),
+            max_connections=int(concurrency),
+            max_bytes=int(max_response_bytes),
+        )
         self._closed = False
 
     def __repr__(self) -> str:
-        key = "'***'" if self._api_key else "None"
-        return f"OpenAIClient(base_url={self._base_url!r}, model={self._model!r}, api_key={key})"
+        return self._repr
 
     @property
     def circuit_state(self) -> Literal["closed", "open", "half_open"]:
@@ -238,9 +244,7 @@ class OpenAIClient:
     async def aclose(self) -> None:
         """Close the connection pool. Idempotent; later calls raise ModelCallError."""
         self._closed = True
-        session, self._session = self._session, None
-        if session is not None:
-            await session.close()
+        self._transport.close()
 
     async def sample(self, request: Mapping[str, Any], n: int) -> list[str]:
         """``n`` completion texts for ``request``; :class:`ModelCallError` if any call fails."""
@@ -341,44 +345,25 @@ class OpenAIClient:
         if self._on_outcome is not None:
             self._on_outcome(outcome)
 
-    def _get_session(self) -> aiohttp.ClientSession:
+    async def _post(self, payload: bytes) -> list[str]:
         if self._closed:
             raise ModelCallError("model client is closed", retriable=False)
-        if self._session is None:
-            headers = {"Content-Type": "application/json", "Accept": "application/json"}
-            if self._api_key:
-                headers["Authorization"] = f"Bearer {self._api_key}"
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self._concurrency),
-                timeout=aiohttp.ClientTimeout(total=self._timeout_s),
-                headers=headers,
-            )
-        return self._session
-
-    async def _post(self, payload: bytes) -> list[str]:
-        session = self._get_session()
         try:
-            async with session.post(self._url, data=payload, allow_redirects=False) as resp:
-                if not 200 <= resp.status < 300:
-                    raise self._status_failure(resp)
-                raw = await self._read_limited(resp)
-        except _CallError:
-            raise
-        except TimeoutError:
-            raise _CallError("timeout", f"no response within {self._timeout_s:g} s") from None
-        except (aiohttp.ClientError, OSError) as exc:
-            raise _CallError(
-                "connection_error", f"connection error ({type(exc).__name__})"
-            ) from None
+            status, retry_after, raw = await self._transport.post(payload)
+        except TransportError as exc:
+            outcome = _TRANSPORT_OUTCOME.get(exc.kind, "connection_error")
+            message = f"invalid response: {exc}" if outcome == "invalid_response" else str(exc)
+            raise _CallError(outcome, message) from None
+        if not 200 <= status < 300:
+            raise self._status_failure(status, retry_after)
         try:
             return parse_completion(raw)
         except InputError as exc:
             raise _CallError("invalid_response", f"invalid response: {exc}") from None
 
-    def _status_failure(self, resp: aiohttp.ClientResponse) -> _CallError:
-        status = resp.status
+    def _status_failure(self, status: int, retry_after_header: str | None) -> _CallError:
         if status in (429, 503):
-            retry_after = parse_retry_after(resp.headers.get("Retry-After"), self._clock.time())
+            retry_after = parse_retry_after(retry_after_header, self._clock.time())
         else:
             retry_after = None
         if status == 429:
@@ -398,22 +383,6 @@ class OpenAIClient:
                 status=status,
             )
         return _CallError("client_error", f"HTTP {status}", status=status)
-
-    async def _read_limited(self, resp: aiohttp.ClientResponse) -> bytes:
-        limit = self._max_response_bytes
-        too_big = _CallError("invalid_response", f"invalid response: body over {limit} bytes")
-        if resp.content_length is not None and resp.content_length > limit:
-            resp.close()
-            raise too_big
-        chunks: list[bytes] = []
-        size = 0
-        async for chunk in resp.content.iter_chunked(_CHUNK):
-            size += len(chunk)
-            if size > limit:
-                resp.close()
-                raise too_big
-            chunks.append(chunk)
-        return b"".join(chunks)
 
 
 def shown_url(url: str) -> str:

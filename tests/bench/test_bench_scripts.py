@@ -28,6 +28,7 @@ SCRIPTS = {
     "calibration": "calibration_bench.py",
     "core": "core_bench.py",
     "soak": "soak.py",
+    "model_client": "model_client_bench.py",
 }
 
 
@@ -193,6 +194,17 @@ def test_calibration_bench(quick: tuple[Path, dict[str, str | None]]) -> None:
             assert positive(row[key]), key
         assert positive(row["verdict_speedup"]) and positive(row["scrape_speedup"])
         assert 16 < row["bytes_per_item"] < 10_000
+
+
+@pytest.mark.timeout(900)
+def test_model_client_bench(quick: tuple[Path, dict[str, str | None]]) -> None:
+    doc = doc_of(quick, "model_client")
+    assert set(doc["summary"]) == {"relmon", "aiohttp"}
+    assert doc["ratios_to_aiohttp"]["aiohttp"]["cpu_per_call"] == 1.0
+    for name in ("relmon", "aiohttp"):
+        (run,) = doc["runs"][name]
+        assert run["calls"] == 1000 and positive(run["cpu_us_per_call"])
+        assert positive(run["calls_per_s"])
 
 
 @pytest.mark.timeout(900)

@@ -1,7 +1,8 @@
 """relmon runs as plain Python too: ``pip install -e .`` and ``make demo`` compile nothing
 (setup.py). ``make test`` runs the suite on the compiled data plane, as the container
-image runs it; this test runs the data plane's own tests again on a copy of the tree
-without the compiled modules, the ones that inject bugs by patching it included."""
+image runs it; this test runs the data plane's own tests (and the model client's, which
+shares its connection pool) again on a copy of the tree without the compiled modules,
+the ones that inject bugs by patching it included."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ DATA_PLANE_TESTS = (
     "tests/http/test_traffic_never_dies.py",
     "tests/http/test_mirror_proxy.py",
     "tests/engine/test_admission_any_model.py",
+    "tests/model/test_model_transport.py",
+    "tests/model/test_openai_client.py",
 )
 
 

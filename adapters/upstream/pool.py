@@ -254,7 +254,16 @@ class UpstreamPool:
         if self._open >= self._max:
             waiter: asyncio.Future[UpstreamConnection | None] = self.loop.create_future()
             self._waiters.append(waiter)
-            handed = await waiter
+            try:
+                handed = await waiter
+            except asyncio.CancelledError:  # a timeout: what was handed goes to the next
+                if waiter.done() and not waiter.cancelled():
+                    handed_late = waiter.result()
+                    if handed_late is not None:
+                        self.release(handed_late)
+                    else:
+                        self._wake(None)
+                raise
             if handed is not None:
                 return handed
         self._open += 1

@@ -1,0 +1,240 @@
+"""One chat-completions POST over a pool of keep-alive HTTP/1.1 connections
+(:mod:`adapters.upstream.pool`, httptools): the model client's network, in place of
+aiohttp's client, which spent about 2.5 times the CPU per call (bench/model_client_bench.py).
+A re-ask runs on the event loop that serves the live traffic, so its cost is the live
+path's.
+
+:meth:`ModelTransport.post` sends the JSON body (``Host``, ``Content-Type``, ``Accept``,
+``Accept-Encoding: identity``, ``User-Agent``, the key as a Bearer token, or the URL's
+user info as Basic credentials) and returns the status, the ``Retry-After`` header and the
+whole body, decoded when the server compressed it anyway (gzip, deflate). Redirects are
+not followed. Failures are :class:`TransportError`, whose ``kind`` is ``timeout`` (no
+answer within ``timeout_s``, connecting included), ``connection_error`` (refused, reset,
+TLS, an unparseable answer) or ``too_big`` (over ``max_bytes``, announced or received,
+before or after decoding).
+
+A pooled connection the server had closed while it was idle fails before any byte comes
+back; the request then goes once more on a new connection, which is what every HTTP
+client does (the server cannot have acted on a request it never read).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import zlib
+from typing import Final
+from urllib.parse import unquote, urlsplit
+
+from adapters.upstream.pool import Exchange, UpstreamPool
+from monitor.core.errors import ConfigError
+
+__all__ = ["ModelTransport", "TransportError"]
+
+_USER_AGENT: Final = b"relmon"
+
+
+class TransportError(Exception):
+    """One POST that gave no whole answer: ``kind`` says why (see the module)."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class _Call(Exchange):
+    """What one POST's connection reports: the status, headers and body (up to ``limit``
+    bytes; past it, the call ends ``too_big`` at once)."""
+
+    __slots__ = ("body", "finished", "headers", "limit", "size", "status")
+
+    def __init__(self, limit: int, finished: asyncio.Future[str | None]) -> None:
+        self.limit = limit
+        self.finished = finished
+        self.status = 0
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.body: list[bytes] = []
+        self.size = 0
+
+    def on_head(self, status: int, reason: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+        self.status = status
+        self.headers = headers
+        if not 200 <= status < 300:
+            return
+        length = header(headers, b"content-length")
+        if length is not None and length.strip().isdigit() and int(length) > self.limit:
+            self._end("too_big")
+
+    def on_body(self, chunk: bytes) -> None:
+        if self.finished.done():
+            return
+        self.size += len(chunk)
+        if not 200 <= self.status < 300:  # only the status counts: the body is read, not
+            if self.size > self.limit:  # kept, and a long one ends the connection
+                self._end("cut")
+        elif self.size > self.limit:
+            self.body = []
+            self._end("too_big")
+        else:
+            self.body.append(chunk)
+
+    def on_done(self) -> None:
+        self._end(None)
+
+    def on_lost(self, reason: str) -> None:
+        self._end(reason)
+
+    def _end(self, outcome: str | None) -> None:
+        if not self.finished.done():
+            self.finished.set_result(outcome)
+
+
+def header(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:
+    """The first value of header ``name`` (lower case), None when absent."""
+    for key, value in headers:
+        if key.lower() == name:
+            return value.decode("latin-1")
+    return None
+
+
+class ModelTransport:
+    """POSTs to one ``…/chat/completions`` URL (see the module)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        api_key: str | None,
+        timeout_s: float,
+        max_connections: int,
+        max_bytes: int,
+    ) -> None:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ConfigError("base_url must be an http:// or https:// URL with a host")
+        self._tls = parts.scheme == "https"
+        self._host = parts.hostname
+        try:
+            port = parts.port
+        except ValueError:
+            raise ConfigError("base_url has an invalid port") from None
+        self._port = port if port is not None else (443 if self._tls else 80)
+        shown = f"[{self._host}]" if ":" in self._host else self._host
+        if port is not None:
+            shown = f"{shown}:{port}"
+        auth = b""
+        if api_key:
+            auth = b"Authorization: Bearer " + api_key.encode("latin-1") + b"\r\n"
+        elif parts.username is not None:
+            pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
+            auth = b"Authorization: Basic " + base64.b64encode(pair.encode()) + b"\r\n"
+        self._head = (
+            b"POST "
+            + (parts.path or "/").encode("ascii", "strict")
+            + b" HTTP/1.1\r\nHost: "
+            + shown.encode("idna")
+            + b"\r\nContent-Type: application/json\r\nAccept: application/json\r\n"
+            + b"Accept-Encoding: identity\r\nUser-Agent: "
+            + _USER_AGENT
+            + b"\r\n"
+            + auth
+            + b"Content-Length: "
+        )
+        self._timeout = timeout_s
+        self._max = max_connections
+        self._limit = max_bytes
+        self._pool: UpstreamPool | None = None
+        self._closed = False
+
+    def close(self) -> None:
+        """Close the idle connections; a call still running closes its own at its end."""
+        self._closed = True
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close()
+
+    def _get_pool(self) -> UpstreamPool:
+        pool = self._pool
+        if pool is None or pool.loop is not asyncio.get_running_loop():
+            if pool is not None:
+                pool.close()
+            pool = self._pool = UpstreamPool(
+                self._host,
+                self._port,
+                tls=self._tls,
+                connect_timeout_s=self._timeout,
+                read_timeout_s=self._timeout,
+                max_connections=self._max,
+            )
+        return pool
+
+    async def post(self, payload: bytes) -> tuple[int, str | None, bytes]:
+        """The status, ``Retry-After`` and body of one POST of ``payload``."""
+        if self._closed:
+            raise TransportError("closed", "the model client is closed")
+        request = self._head + str(len(payload)).encode() + b"\r\n\r\n" + payload
+        try:
+            async with asyncio.timeout(self._timeout):
+                call = await self._exchange(self._get_pool(), request)
+        except TimeoutError:
+            raise TransportError("timeout", f"no response within {self._timeout:g} s") from None
+        except OSError as exc:
+            raise TransportError(
+                "connection_error", f"connection error ({type(exc).__name__})"
+            ) from None
+        body = b"".join(call.body)
+        encoding = header(call.headers, b"content-encoding")
+        if encoding is not None and encoding.strip().lower() not in ("", "identity"):
+            body = self._decoded(encoding.strip().lower(), body)
+        return call.status, header(call.headers, b"retry-after"), body
+
+    async def _exchange(self, pool: UpstreamPool, request: bytes) -> _Call:
+        loop = pool.loop
+        for attempt in (0, 1):
+            conn = pool.idle() if attempt == 0 else None
+            if conn is None:
+                conn = await pool.acquire(fresh=attempt == 1)
+            call = _Call(self._limit, loop.create_future())
+            try:
+                conn.send(call, False, request)
+                outcome = await call.finished
+            except BaseException:  # a timeout or a cancel: the connection is mid-answer
+                conn.close()
+                raise
+            if outcome is None:
+                if conn.keep_alive and not conn.closed:
+                    pool.release(conn)
+                else:
+                    conn.close()
+                return call
+            conn.close()
+            if outcome == "cut":  # an error status with a long body: the status is enough
+                return call
+            if attempt == 0 and outcome == "reset" and conn.reused and not conn.got_bytes:
+                continue  # an idle connection the server had closed: once more, fresh
+            if outcome == "too_big":
+                raise TransportError("too_big", f"body over {self._limit} bytes")
+            if outcome == "timeout":
+                raise TransportError("timeout", f"no response within {self._timeout:g} s")
+            what = "an answer that is not HTTP" if outcome == "invalid_response" else outcome
+            raise TransportError("connection_error", f"connection error ({what})")
+        raise AssertionError("not reached: the second attempt always returns")
+
+    def _decoded(self, encoding: str, body: bytes) -> bytes:
+        """``body`` decompressed (gzip, deflate), at most ``max_bytes`` of it."""
+        if encoding in ("gzip", "x-gzip"):
+            windows = [zlib.MAX_WBITS | 16]
+        elif encoding == "deflate":  # zlib-wrapped as the RFC says, or raw as some send
+            windows = [zlib.MAX_WBITS, -zlib.MAX_WBITS]
+        else:
+            raise TransportError("invalid", f"unsupported Content-Encoding {encoding[:32]!r}")
+        for wbits in windows:
+            inflater = zlib.decompressobj(wbits)
+            try:
+                out = inflater.decompress(body, self._limit + 1)
+            except zlib.error:
+                continue
+            if len(out) > self._limit or inflater.unconsumed_tail:
+                raise TransportError("too_big", f"body over {self._limit} bytes")
+            return out
+        raise TransportError("invalid", f"a body that is not valid {encoding}")

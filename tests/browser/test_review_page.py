@@ -336,9 +336,7 @@ def test_a_wrong_token_is_refused(demo: Demo, browser: Browser) -> None:
     sign_in(page, demo.review, "not-the-token", "Eve")
     # #login is shown from the start, so wait for the refusal itself: the page says so
     # once /whoami has answered 401 (checking at once raced it, and failed in CI)
-    page.wait_for_function(
-        "document.getElementById('status').innerText.includes('not accepted')"
-    )
+    page.wait_for_function("document.getElementById('status').innerText.includes('not accepted')")
     assert page.locator("#login").is_visible()
     assert page.locator("#review").is_hidden()
     assert page.evaluate("sessionStorage.getItem('relmon-token')") is None

@@ -24,7 +24,7 @@ import asyncio
 import base64
 import zlib
 from typing import Final
-from urllib.parse import unquote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 from adapters.upstream.pool import Exchange, UpstreamPool
 from monitor.core.errors import ConfigError
@@ -124,13 +124,15 @@ class ModelTransport:
             shown = f"{shown}:{port}"
         auth = b""
         if api_key:
-            auth = b"Authorization: Bearer " + api_key.encode("latin-1") + b"\r\n"
+            if not api_key.isascii() or not api_key.isprintable():
+                raise ConfigError("the model API key must be printable ASCII")
+            auth = b"Authorization: Bearer " + api_key.encode("ascii") + b"\r\n"
         elif parts.username is not None:
             pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
             auth = b"Authorization: Basic " + base64.b64encode(pair.encode()) + b"\r\n"
         self._head = (
             b"POST "
-            + (parts.path or "/").encode("ascii", "strict")
+            + quote(parts.path or "/", safe="/%:@!$&'()*+,;=~").encode("ascii")
             + b" HTTP/1.1\r\nHost: "
             + shown.encode("idna")
             + b"\r\nContent-Type: application/json\r\nAccept: application/json\r\n"

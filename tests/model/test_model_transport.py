@@ -18,7 +18,7 @@ import pytest
 
 from adapters.openai.client import OpenAIClient
 from adapters.upstream.pool import UpstreamPool
-from monitor.core.errors import ModelCallError
+from monitor.core.errors import ConfigError, ModelCallError
 
 ANSWER = json.dumps({"choices": [{"message": {"role": "assistant", "content": "42"}}]}).encode()
 
@@ -259,3 +259,17 @@ async def test_a_connection_handed_to_a_cancelled_waiter_goes_back_to_the_pool()
             await waiter
         assert pool.idle() is conn  # not lost: counted open, owned by nobody
         pool.close()
+
+
+async def test_a_path_outside_ascii_is_percent_encoded() -> None:
+    async with raw_server(lambda n, req: http(ANSWER)) as server:
+        model = OpenAIClient(base_url=f"http://127.0.0.1:{server.port}/é v1", model="m")
+        assert await model.sample({"messages": [{"role": "user", "content": "q"}]}, 1)
+        await model.aclose()
+    assert server.requests[0].startswith(b"POST /%C3%A9%20v1/chat/completions HTTP/1.1\r\n")
+
+
+@pytest.mark.parametrize("key", ["sk-é", "sk-\r\nX-Injected: 1"])
+def test_a_key_that_cannot_be_a_header_is_a_config_error(key: str) -> None:
+    with pytest.raises(ConfigError, match="printable ASCII"):
+        OpenAIClient(base_url="http://127.0.0.1:1/v1", model="m", api_key=key)

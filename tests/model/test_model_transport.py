@@ -10,15 +10,18 @@ import asyncio
 import contextlib
 import gzip
 import json
+import ssl
 import zlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
 from adapters.openai.client import OpenAIClient
 from adapters.upstream.pool import UpstreamPool
 from monitor.core.errors import ConfigError, ModelCallError
+from tests.kafka.tls import make_pki
 
 ANSWER = json.dumps({"choices": [{"message": {"role": "assistant", "content": "42"}}]}).encode()
 
@@ -273,3 +276,33 @@ async def test_a_path_outside_ascii_is_percent_encoded() -> None:
 def test_a_key_that_cannot_be_a_header_is_a_config_error(key: str) -> None:
     with pytest.raises(ConfigError, match="printable ASCII"):
         OpenAIClient(base_url="http://127.0.0.1:1/v1", model="m", api_key=key)
+
+
+@pytest.mark.parametrize("trusted", [True, False])
+async def test_https_checks_the_servers_certificate(
+    trusted: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pki = make_pki(tmp_path)
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    tls.load_cert_chain(pki.server_cert, pki.server_key)
+    raw = RawServer(lambda n, req: http(ANSWER))
+    server = await asyncio.start_server(raw.handle, "127.0.0.1", 0, ssl=tls)
+    port = server.sockets[0].getsockname()[1]
+    # the default trust store, as a deployment sets it (OpenSSL reads the variable)
+    monkeypatch.setenv("SSL_CERT_FILE", str(pki.ca if trusted else pki.other_ca))
+    try:
+        outcomes: list[str] = []
+        model = OpenAIClient(
+            base_url=f"https://127.0.0.1:{port}/v1", model="m", max_retries=0,
+            on_outcome=outcomes.append,
+        )  # fmt: skip
+        if trusted:
+            assert await model.sample({"messages": [{"role": "user", "content": "q"}]}, 1)
+        else:
+            with pytest.raises(ModelCallError, match="connection error"):
+                await model.sample({"messages": [{"role": "user", "content": "q"}]}, 1)
+        await model.aclose()
+    finally:
+        server.close()
+    assert outcomes == (["ok"] if trusted else ["connection_error"])
+    assert len(raw.requests) == (1 if trusted else 0)

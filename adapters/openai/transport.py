@@ -1,6 +1,6 @@
 """One chat-completions POST over a pool of keep-alive HTTP/1.1 connections
 (:mod:`adapters.upstream.pool`, httptools): the model client's network, in place of
-aiohttp's client, which spent about 2.5 times the CPU per call (bench/model_client_bench.py).
+aiohttp's client, which spent about 2.4 times the CPU per call (bench/model_client_bench.py).
 A re-ask runs on the event loop that serves the live traffic, so its cost is the live
 path's.
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import zlib
 from typing import Final
 from urllib.parse import quote, unquote, urlsplit
@@ -97,6 +98,13 @@ def header(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:
     return None
 
 
+def _close(pool: UpstreamPool) -> None:
+    """Close ``pool``'s idle connections; those of a loop that has ended die with it
+    (closing them there raises "Event loop is closed")."""
+    with contextlib.suppress(RuntimeError):
+        pool.close()
+
+
 class ModelTransport:
     """POSTs to one ``…/chat/completions`` URL (see the module)."""
 
@@ -153,13 +161,13 @@ class ModelTransport:
         self._closed = True
         pool, self._pool = self._pool, None
         if pool is not None:
-            pool.close()
+            _close(pool)
 
     def _get_pool(self) -> UpstreamPool:
         pool = self._pool
         if pool is None or pool.loop is not asyncio.get_running_loop():
-            if pool is not None:
-                pool.close()
+            if pool is not None:  # made on another loop (a script's, a test's)
+                _close(pool)
             pool = self._pool = UpstreamPool(
                 self._host,
                 self._port,

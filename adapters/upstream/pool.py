@@ -1,5 +1,6 @@
-"""The proxy's client side: a pool of persistent keep-alive connections to the upstream,
-each a raw :class:`asyncio.Protocol` whose responses httptools parses.
+"""A pool of persistent keep-alive connections to one HTTP/1.1 server, each a raw
+:class:`asyncio.Protocol` whose responses httptools parses: the proxy's client side
+(:mod:`adapters.http.exchange`) and the model client's (:mod:`adapters.openai.transport`).
 
 :meth:`UpstreamPool.acquire` hands out an idle connection (the most recently used
 first), opens a new one within the connect timeout, or, with ``max_connections`` in use,

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import gzip
 import json
+import socketserver
 import ssl
+import threading
 import zlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -306,3 +309,45 @@ async def test_https_checks_the_servers_certificate(
         server.close()
     assert outcomes == (["ok"] if trusted else ["connection_error"])
     assert len(raw.requests) == (1 if trusted else 0)
+
+
+class _KeepAliveHandler(socketserver.StreamRequestHandler):
+    """A blocking server's connection: answers every request with ANSWER, kept alive."""
+
+    def handle(self) -> None:
+        while True:
+            head = b""
+            while not head.endswith(b"\r\n\r\n"):
+                line = self.rfile.readline()
+                if not line:
+                    return
+                head += line
+            length = next(
+                int(h.split(b":", 1)[1]) for h in head.split(b"\r\n")
+                if h.lower().startswith(b"content-length:")
+            )  # fmt: skip
+            self.rfile.read(length)
+            self.wfile.write(http(ANSWER))
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_client_used_on_a_second_event_loop_opens_new_connections() -> None:
+    """A client kept across ``asyncio.run`` calls (a script, a test) must not reuse the
+    connections of a closed loop. Those are left to the garbage collector, which warns
+    that their transports were never closed (collected here, not in a later test)."""
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), _KeepAliveHandler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        model = OpenAIClient(
+            base_url=f"http://127.0.0.1:{server.server_address[1]}/v1", model="m", max_retries=0
+        )
+        request = {"messages": [{"role": "user", "content": "q"}]}
+        assert asyncio.run(model.sample(request, 1)) == ["42"]
+        assert asyncio.run(model.sample(request, 1)) == ["42"]  # another loop
+        asyncio.run(model.aclose())
+    finally:
+        server.shutdown()
+        server.server_close()
+        gc.collect()

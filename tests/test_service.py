@@ -5,13 +5,15 @@ from __future__ import annotations
 import asyncio
 import math
 import re
+from collections.abc import Sequence
 
 import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
 from monitor.config import BudgetSettings, TaskSettings
-from monitor.core.canon import as_async, get_canonicalizer
+from monitor.core.canon import QueryContext, as_async, get_canonicalizer, per_answer
+from monitor.core.canon.toolcall import PlainAnswersOnly
 from monitor.core.conformal import decay_weights, weighted_reliability_level, weighted_threshold
 from monitor.core.events import parse_event
 from monitor.core.review import ReviewItem, Verdict
@@ -523,3 +525,63 @@ async def test_a_review_item_that_cannot_be_written_is_counted_and_logged(
     await service.drain()
     assert [i.item_id for i in queue.pending()] == ["arith:req-1"]
     await service.stop(5)
+
+
+class _Counting:
+    """The numeric canonicalizer, counting the answers it is given."""
+
+    name = "numeric"
+
+    def __init__(self) -> None:
+        self.inner = get_canonicalizer("numeric")
+        self.given = 0
+
+    def canonicalize(self, answer: str, context: QueryContext | None = None) -> str:
+        self.given += 1
+        return self.inner.canonicalize(answer, context)
+
+
+class _Joint:
+    """The numeric canonicalizer as one that groups an item's answers jointly (no
+    ``per_answer``): it must be given every answer again after each batch."""
+
+    name = "numeric"
+
+    def __init__(self) -> None:
+        self.inner = get_canonicalizer("numeric")
+        self.given = 0
+
+    async def canonicalize_many(
+        self, answers: Sequence[str], context: QueryContext | None = None
+    ) -> list[str]:
+        self.given += len(answers)
+        return [self.inner.canonicalize(a, context) for a in answers]
+
+
+async def test_a_per_answer_canonicalizer_is_given_each_answer_once() -> None:
+    """After each batch of re-asks only the new answers are canonicalized when the
+    canonicalizer is per-answer; a joint one sees them all again. Same answers, same
+    classes, same review items either way."""
+    outcomes = {}
+    for kind in ("per_answer", "joint"):
+        canon = _Counting() if kind == "per_answer" else _Joint()
+        wrapped = PlainAnswersOnly(as_async(canon) if kind == "per_answer" else canon)
+        assert per_answer(wrapped) is (kind == "per_answer")
+        client = FakeModelClient(arithmetic_model(0.55, seed=3))  # close calls: many batches
+        service, store, _, _ = make_service(
+            client=client,
+            budget=BudgetSettings(calls_per_minute=100_000, max_in_flight=1, queue_size=100),
+        )
+        service.tasks["arith"].canonicalizer = wrapped
+        await service.load()
+        service.start()
+        for i in range(30):
+            service.offer(parse_event(event(i, i, 7)), "test")
+        await service.drain()
+        await service.stop(5)
+        outcomes[kind] = (canon.given, client.calls, sorted(store.items.values(), key=str))
+    given, calls, items = outcomes["per_answer"]
+    joint_given, joint_calls, joint_items = outcomes["joint"]
+    assert calls == joint_calls and items == joint_items and len(items) == 30
+    assert given == calls  # each answer once
+    assert joint_given > calls  # every answer again after every batch

@@ -16,7 +16,7 @@ from dataclasses import replace
 
 import structlog
 
-from monitor.core.canon.base import QueryContext
+from monitor.core.canon.base import QueryContext, per_answer
 from monitor.core.certify import item_rng
 from monitor.core.consensus import Consensus, rank_classes
 from monitor.core.errors import InputError, ModelCallError, StoreError
@@ -145,6 +145,8 @@ class WorkerPool:
         seen: list[str] = []  # what the canonicalizer is given
         redacted: dict[str, str] = {}
         classes: list[str] = []
+        canon = task.canonicalizer
+        incremental = per_answer(canon)
         reask = reask_request(event.request, task.reask)
         job.reask_changes = reask.changes
         for name in reask.changes:
@@ -155,7 +157,10 @@ class WorkerPool:
             answers.extend(batch)
             seen.extend(self.redactor.redact_all(batch, redacted) if redact else batch)
             self.stats.calls += decision.more
-            classes = await task.canonicalizer.canonicalize_many(seen, context)
+            if incremental:  # the earlier answers' classes cannot change
+                classes += await canon.canonicalize_many(seen[len(classes) :], context)
+            else:  # a joint grouping: every answer again
+                classes = await canon.canonicalize_many(seen, context)
             decision = task.rule.decide(Counter(classes).values())
         return answers, classes
 

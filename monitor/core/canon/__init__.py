@@ -11,6 +11,7 @@ from monitor.core.canon.base import (
     Canonicalizer,
     QueryContext,
     as_async,
+    per_answer,
 )
 from monitor.core.canon.jsonc import JsonCanonicalizer
 from monitor.core.canon.mcq import McqCanonicalizer
@@ -38,5 +39,6 @@ __all__ = [
     "available_canonicalizers",
     "get_canonicalizer",
     "parse_canonicalizer_options",
+    "per_answer",
     "register_canonicalizer",
 ]

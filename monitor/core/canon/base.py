@@ -34,6 +34,7 @@ __all__ = [
     "Canonicalizer",
     "QueryContext",
     "as_async",
+    "per_answer",
 ]
 
 INVALID: Final = "<INVALID>"
@@ -80,8 +81,19 @@ class AsyncCanonicalizer(Protocol):
         ...
 
 
+def per_answer(canonicalizer: AsyncCanonicalizer) -> bool:
+    """Whether ``canonicalizer`` gives each answer a class that depends on that answer
+    (and the query) alone, as a :class:`Canonicalizer` does: then the engine gives it only
+    each batch's new answers, not an item's every answer again after every batch. One
+    that groups answers jointly (embedding clusters, an LLM judge) has no such
+    ``per_answer`` attribute, or has it false."""
+    return bool(getattr(canonicalizer, "per_answer", False))
+
+
 class _SyncAsAsync:
     """Wraps a :class:`Canonicalizer` as an :class:`AsyncCanonicalizer`."""
+
+    per_answer = True
 
     def __init__(self, inner: Canonicalizer) -> None:
         self._inner = inner

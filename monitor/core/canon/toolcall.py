@@ -21,7 +21,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from monitor.core.canon.base import INVALID, AsyncCanonicalizer, QueryContext
+from monitor.core.canon.base import INVALID, AsyncCanonicalizer, QueryContext, per_answer
 from monitor.core.canon.text import TextCanonicalizer
 
 __all__ = [
@@ -112,6 +112,7 @@ class PlainAnswersOnly:
 
     def __init__(self, inner: AsyncCanonicalizer) -> None:
         self._inner = inner
+        self.per_answer = per_answer(inner)  # a marked answer is INVALID on its own
 
     @property
     def name(self) -> str:

@@ -335,8 +335,10 @@ def test_a_wrong_token_is_refused(demo: Demo, browser: Browser) -> None:
     page.on("request", lambda r: urls.append(r.url))
     sign_in(page, demo.review, "not-the-token", "Eve")
     # #login is shown from the start, so wait for the refusal itself: the page says so
-    # once /whoami has answered 401 (checking at once raced it, and failed in CI)
-    page.wait_for_function("document.getElementById('status').innerText.includes('not accepted')")
+    # once /whoami has answered 401 (checking at once raced it, and failed in CI). A
+    # locator waits by selector: a JavaScript predicate would be refused by the page's
+    # CSP (no 'unsafe-eval') as soon as it is polled rather than true at once
+    page.locator("#status", has_text="not accepted").wait_for()
     assert page.locator("#login").is_visible()
     assert page.locator("#review").is_hidden()
     assert page.evaluate("sessionStorage.getItem('relmon-token')") is None
@@ -456,11 +458,7 @@ def test_keyboard_review_of_20_items_with_undo(
     skipped = page.locator("#item").get_attribute("data-item")
     assert skipped
     page.keyboard.press("s")
-    page.wait_for_function(
-        "id => { const d = document.getElementById('item').dataset.item;"
-        " return d !== undefined && d !== id; }",
-        arg=skipped,
-    )
+    page.locator(f"#item[data-item]:not([data-item={json.dumps(skipped)}])").wait_for()
     assert page.locator("#status").inner_text() == "Skipped."
 
     expected: dict[str, float] = {}  # item -> score

@@ -7,6 +7,7 @@ token's reviewer whatever name was typed; and every verdict records that reviewe
 from __future__ import annotations
 
 import json
+import re
 import urllib.request
 from pathlib import Path
 
@@ -54,7 +55,7 @@ def test_behind_a_trusted_proxy_the_page_reviews_as_the_proxys_reviewer(
         # The same page opened without the proxy's header: refused, and it says why.
         other = new_tab(browser)
         other.goto(f"{base}/review")
-        other.wait_for_function("document.getElementById('status').textContent.length > 0")
+        other.locator("#status", has_text=re.compile(r"\S")).wait_for()  # no eval: CSP
         assert "proxy" in other.locator("#status").inner_text()
         assert other.locator("#login").is_hidden() and other.locator("#item").is_hidden()
 

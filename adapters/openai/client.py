@@ -71,7 +71,7 @@ from typing import Any, Final, Literal, get_args
 from urllib.parse import urlsplit, urlunsplit
 
 from adapters.openai.limits import CircuitBreaker, TokenBucket
-from adapters.openai.transport import ModelTransport, TransportError
+from adapters.openai.transport import ModelTransport, TransportError, host_and_port
 from adapters.openai.wire import (
     FORWARDED_FIELDS,
     build_body,
@@ -389,12 +389,7 @@ def shown_url(url: str) -> str:
     """``url`` as messages may show it: without user info, query or fragment (a key
     never leaves through a log line)."""
     parts = urlsplit(url)
-    host = parts.hostname or ""
-    if ":" in host:  # an IPv6 address
-        host = f"[{host}]"
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+    return urlunsplit((parts.scheme, host_and_port(parts), parts.path, "", ""))
 
 
 def _first_model_error(group: BaseExceptionGroup[BaseException]) -> BaseException:

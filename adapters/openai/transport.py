@@ -25,12 +25,12 @@ import base64
 import contextlib
 import zlib
 from typing import Final
-from urllib.parse import quote, unquote, urlsplit
+from urllib.parse import SplitResult, quote, unquote, urlsplit
 
 from adapters.upstream.pool import Exchange, UpstreamPool
 from monitor.core.errors import ConfigError
 
-__all__ = ["ModelTransport", "TransportError"]
+__all__ = ["ModelTransport", "TransportError", "host_and_port"]
 
 _USER_AGENT: Final = b"relmon"
 
@@ -47,12 +47,13 @@ class _Call(Exchange):
     """What one POST's connection reports: the status, headers and body (up to ``limit``
     bytes; past it, the call ends ``too_big`` at once)."""
 
-    __slots__ = ("body", "finished", "headers", "limit", "size", "status")
+    __slots__ = ("body", "finished", "headers", "kept", "limit", "size", "status")
 
     def __init__(self, limit: int, finished: asyncio.Future[str | None]) -> None:
         self.limit = limit
         self.finished = finished
         self.status = 0
+        self.kept = False  # a 2xx: its body is the answer, kept; any other's is only read
         self.headers: list[tuple[bytes, bytes]] = []
         self.body: list[bytes] = []
         self.size = 0
@@ -60,7 +61,8 @@ class _Call(Exchange):
     def on_head(self, status: int, reason: bytes, headers: list[tuple[bytes, bytes]]) -> None:
         self.status = status
         self.headers = headers
-        if not 200 <= status < 300:
+        self.kept = 200 <= status < 300
+        if not self.kept:
             return
         length = header(headers, b"content-length")
         if length is not None and length.strip().isdigit() and int(length) > self.limit:
@@ -70,8 +72,8 @@ class _Call(Exchange):
         if self.finished.done():
             return
         self.size += len(chunk)
-        if not 200 <= self.status < 300:  # only the status counts: the body is read, not
-            if self.size > self.limit:  # kept, and a long one ends the connection
+        if not self.kept:  # only the status counts: a long body ends the connection
+            if self.size > self.limit:
                 self._end("cut")
         elif self.size > self.limit:
             self.body = []
@@ -105,6 +107,15 @@ def _close(pool: UpstreamPool) -> None:
         pool.close()
 
 
+def host_and_port(parts: SplitResult) -> str:
+    """``host[:port]`` of a URL, without its user info, an IPv6 address in brackets: the
+    ``Host`` header, and what messages show (ValueError for a port that is not one)."""
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    return host if parts.port is None else f"{host}:{parts.port}"
+
+
 class ModelTransport:
     """POSTs to one ``…/chat/completions`` URL (see the module)."""
 
@@ -127,9 +138,6 @@ class ModelTransport:
         except ValueError:
             raise ConfigError("base_url has an invalid port") from None
         self._port = port if port is not None else (443 if self._tls else 80)
-        shown = f"[{self._host}]" if ":" in self._host else self._host
-        if port is not None:
-            shown = f"{shown}:{port}"
         auth = b""
         if api_key:
             if not api_key.isascii() or not api_key.isprintable():
@@ -142,7 +150,7 @@ class ModelTransport:
             b"POST "
             + quote(parts.path or "/", safe="/%:@!$&'()*+,;=~").encode("ascii")
             + b" HTTP/1.1\r\nHost: "
-            + shown.encode("idna")
+            + host_and_port(parts).encode("idna")
             + b"\r\nContent-Type: application/json\r\nAccept: application/json\r\n"
             + b"Accept-Encoding: identity\r\nUser-Agent: "
             + _USER_AGENT
@@ -193,9 +201,9 @@ class ModelTransport:
                 "connection_error", f"connection error ({type(exc).__name__})"
             ) from None
         body = b"".join(call.body)
-        encoding = header(call.headers, b"content-encoding")
-        if encoding is not None and encoding.strip().lower() not in ("", "identity"):
-            body = self._decoded(encoding.strip().lower(), body)
+        encoding = (header(call.headers, b"content-encoding") or "").strip().lower()
+        if encoding not in ("", "identity"):
+            body = self._decoded(encoding, body)
         return call.status, header(call.headers, b"retry-after"), body
 
     async def _exchange(self, pool: UpstreamPool, request: bytes) -> _Call:

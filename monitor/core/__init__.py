@@ -14,17 +14,48 @@ time are passed in. This is relmon's small public API for offline use::
   :mod:`monitor.core.review`; the error tree: :mod:`monitor.core.errors`.
 """
 
-from monitor.core.conformal import (
-    conformal_threshold,
-    conformal_thresholds,
-    reliability_level,
-    reliability_lower_bound,
-)
-from monitor.core.consensus import Consensus, rank_classes
-from monitor.core.errors import RelmonError
-from monitor.core.scores import item_score, set_size
-from monitor.core.stopping import get_stopping_rule
-from monitor.core.window import CalibrationWindow
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from monitor.core.conformal import (
+        conformal_threshold,
+        conformal_thresholds,
+        reliability_level,
+        reliability_lower_bound,
+    )
+    from monitor.core.consensus import Consensus, rank_classes
+    from monitor.core.errors import RelmonError
+    from monitor.core.scores import item_score, set_size
+    from monitor.core.stopping import get_stopping_rule
+    from monitor.core.window import CalibrationWindow
+
+# Imported when first asked for, not with the package: ``monitor.core.errors`` alone
+# (which every module imports) must not load scipy (the traffic listener's own process
+# imports no statistics at all).
+_HOME = {
+    "conformal_threshold": "conformal",
+    "conformal_thresholds": "conformal",
+    "reliability_level": "conformal",
+    "reliability_lower_bound": "conformal",
+    "Consensus": "consensus",
+    "rank_classes": "consensus",
+    "RelmonError": "errors",
+    "item_score": "scores",
+    "set_size": "scores",
+    "get_stopping_rule": "stopping",
+    "CalibrationWindow": "window",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module 'monitor.core' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"monitor.core.{home}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "CalibrationWindow",

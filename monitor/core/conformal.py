@@ -26,7 +26,6 @@ from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import ArrayLike
-from scipy import stats
 
 from monitor.core.errors import ConfigError, InputError
 
@@ -213,6 +212,11 @@ def reliability_lower_bound(successes: float, n: float, delta: float) -> float:
     if successes <= 0 or n <= 0:
         return 0.0
     successes = min(successes, n)
+    # scipy.stats (~0.5 s, ~40 MB) is loaded here, when a bound is first computed: every
+    # module that reaches this one for quantile_index (the traffic listener's own process)
+    # need not load it.
+    from scipy import stats  # noqa: PLC0415
+
     return float(stats.beta.ppf(delta, successes, n - successes + 1))
 
 

@@ -26,6 +26,7 @@ COMPILED = [
     "adapters/http/proxy.py",
     "adapters/http/proxy_metrics.py",
     "adapters/http/intake.py",
+    "monitor/engine/routing.py",
     "monitor/engine/admission.py",
     "monitor/core/sampler.py",
     "monitor/engine/metrics.py",

@@ -756,3 +756,31 @@ def test_circuit_breaker_defaults_values_and_environment_reach_the_client(
     monkeypatch.setenv("RELMON_TASKS__0__ENDPOINT__CIRCUIT_BREAKER__COOLDOWN_S", "inf")
     with pytest.raises(ConfigError, match=r"circuit_breaker\.cooldown_s: .*finite"):
         load_settings(path)
+
+
+@pytest.mark.parametrize(
+    ("canonicalizer", "traffic", "warned"),
+    [
+        ("embedding", "mode: proxy, upstream_url: 'http://m:1'", True),
+        ("embedding", "mode: mirror", True),
+        ("embedding", "mode: proxy, upstream_url: 'http://m:1', data_plane: process", False),
+        ("embedding", "mode: off", False),
+        ("numeric", "mode: proxy, upstream_url: 'http://m:1'", False),
+    ],
+)
+def test_an_embedding_canonicalizer_beside_a_one_process_listener_is_warned_of(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    canonicalizer: str,
+    traffic: str,
+    warned: bool,
+) -> None:
+    text = (
+        f"tasks: [{{name: t, endpoint: {{model: m}}, canonicalizer: {canonicalizer}}}]\n"
+        f"traffic: {{{traffic}}}\nreview: {{token: t0k3n}}\n"
+    )
+    assert main(["check-config", "--config", str(write(tmp_path, text))]) == 0
+    err = capsys.readouterr().err
+    assert ("traffic.data_plane: 'inline' while task(s) t use the embedding" in err) == warned
+    if warned:
+        assert "set traffic.data_plane: process" in err

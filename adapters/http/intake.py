@@ -36,6 +36,7 @@ __all__ = [
     "HeaderView",
     "Intake",
     "RejectCallback",
+    "RelayCallback",
     "SkipCallback",
     "TaskResolver",
     "header_request_id",
@@ -51,6 +52,13 @@ RejectCallback = Callable[[str, str], None]
 SkipCallback = Callable[[str, str | None, str], bool]
 """``skip(source, task or None, event id) -> True`` (counted ``skipped``) when the event
 would not be sampled; ``task=None``: whatever the model its body names."""
+
+RelayCallback = Callable[
+    [str, "HeaderView", str, bytes, "tuple[bytes, HeaderView] | None", "str | None"], None
+]
+"""``relay(source, headers, path, body, answer, event id)``: an event request handed on
+unparsed, to be offered by another process (the traffic data plane's own process sends
+it to the main one, where :meth:`Intake.offer` runs); it must not raise."""
 
 MAX_REQUEST_ID = 256
 _log = structlog.get_logger(__name__)
@@ -76,6 +84,11 @@ class HeaderView(Mapping[str, str]):
 
     def __init__(self, raw: list[tuple[bytes, bytes]]) -> None:
         self._raw = raw
+
+    @property
+    def raw(self) -> list[tuple[bytes, bytes]]:
+        """The ``(name, value)`` header bytes, as received."""
+        return self._raw
 
     def __getitem__(self, key: str) -> str:
         want = _wanted(key)
@@ -132,12 +145,14 @@ class Intake:
         reject: RejectCallback,
         task_resolver: TaskResolver,
         skip: SkipCallback | None,
+        relay: RelayCallback | None = None,
     ) -> None:
         self.source = source
         self.sink = sink
         self.reject = reject
         self.task_resolver = task_resolver
         self.skip = skip
+        self.relay = relay
 
     def skipped(self, headers: HeaderView, path: str, rid: str | None) -> bool:
         """The fast path: True when the service skipped the event (already counted)."""
@@ -156,7 +171,11 @@ class Intake:
         rid: str | None,
     ) -> None:
         """Parse, build the event (with the answer's text from the upstream's ``answer``
-        body and headers) and offer it; never raises: whatever fails is ``count``-ed."""
+        body and headers) and offer it; never raises: whatever fails is ``count``-ed.
+        With a ``relay``, the request is handed to it as it is instead."""
+        if self.relay is not None:
+            self.relay(self.source, headers, path, raw, answer, rid)
+            return
         try:
             text = None if answer is None else messages.answer_text(*answer)
             event = self.event(headers, path, raw, text, rid)

@@ -12,7 +12,7 @@ the live path.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -34,6 +34,7 @@ class MetricsServer:
         host: str = "127.0.0.1",
         port: int = 9108,
         before_scrape: Callable[[], None] | None = None,
+        before_scrape_async: Callable[[], Awaitable[None]] | None = None,
         traffic_readiness: Readiness | None = None,
     ) -> None:
         self.registry = registry
@@ -41,10 +42,13 @@ class MetricsServer:
         self.traffic_readiness = traffic_readiness or readiness
         self.host, self.port = host, port
         self.before_scrape = before_scrape
+        self.before_scrape_async = before_scrape_async
         self._runner: web.AppRunner | None = None
         self.bound_port: int | None = None
 
     async def _metrics(self, request: web.Request) -> web.Response:
+        if self.before_scrape_async is not None:
+            await self.before_scrape_async()
         if self.before_scrape is not None:
             self.before_scrape()
         body = generate_latest(self.registry)

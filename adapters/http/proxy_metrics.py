@@ -24,7 +24,18 @@ from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, M
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-__all__ = ["ADDED_LATENCY_BUCKETS", "FAILURE_REASONS", "STATUS_CLASSES", "ProxyMetrics"]
+__all__ = [
+    "ADDED_LATENCY_BUCKETS",
+    "FAILURE_REASONS",
+    "STATUS_CLASSES",
+    "ProxyCounts",
+    "ProxyMetrics",
+]
+
+ProxyCounts = tuple[list[int], list[int], list[int], float]
+"""What :meth:`ProxyMetrics.take` hands over: counts by status class (index
+``status // 100``), by failure reason (in :data:`FAILURE_REASONS` order), by latency
+bucket (not cumulative), and the latency sum."""
 
 STATUS_CLASSES: Final = ("2xx", "3xx", "4xx", "5xx")
 FAILURE_REASONS: Final = ("connect_error", "timeout", "reset", "invalid_response")
@@ -55,6 +66,29 @@ class ProxyMetrics(Collector):
     def failed(self, reason: str) -> None:
         """An upstream failure (one of :data:`FAILURE_REASONS`)."""
         self._failures[reason] += 1
+
+    def take(self) -> ProxyCounts | None:
+        """What was counted since the last take (None: nothing), zeroed here: the traffic
+        data plane's own process sends it to the main process, which :meth:`merge`-s it."""
+        if not any(self._buckets) and not any(self._failures.values()):
+            return None
+        counts = (self._by_class, list(self._failures.values()), self._buckets, self._sum)
+        self._by_class = [0] * 6
+        self._failures = dict.fromkeys(FAILURE_REASONS, 0)
+        self._buckets = [0] * (len(ADDED_LATENCY_BUCKETS) + 1)
+        self._sum = 0.0
+        return counts
+
+    def merge(self, counts: ProxyCounts) -> None:
+        """Add counts :meth:`take`-n from another process's ``ProxyMetrics``."""
+        by_class, failures, buckets, total = counts
+        for i, n in enumerate(by_class[: len(self._by_class)]):
+            self._by_class[i] += n
+        for reason, n in zip(FAILURE_REASONS, failures, strict=False):
+            self._failures[reason] += n
+        for i, n in enumerate(buckets[: len(self._buckets)]):
+            self._buckets[i] += n
+        self._sum += total
 
     def describe(self) -> list[Metric]:
         return list(self._families())

@@ -22,6 +22,7 @@ had already begun, a closed connection.
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import Collection, Mapping
 from typing import Any, Literal
 
@@ -30,7 +31,13 @@ from yarl import URL
 
 from adapters.http import wire
 from adapters.http.exchange import Forwarding
-from adapters.http.intake import Intake, RejectCallback, SkipCallback, TaskResolver
+from adapters.http.intake import (
+    Intake,
+    RejectCallback,
+    RelayCallback,
+    SkipCallback,
+    TaskResolver,
+)
 from adapters.http.messages import HOP_BY_HOP_HEADERS, json_response_text, sse_response_text
 from adapters.http.mirror import Mirror
 from adapters.http.proxy import Proxy, is_chat_completions_path
@@ -88,7 +95,9 @@ class TrafficServer:
     ``skip`` is the service's fast path (``skip(source, task or None, event id)``, see
     :mod:`.intake`); without it every event request is parsed and offered. ``metrics``:
     the proxy's own (:class:`.proxy_metrics.ProxyMetrics`), on a private registry if
-    none is given.
+    none is given. ``relay``: an event request is handed to it unparsed instead of
+    being offered (:mod:`.dataplane`). ``sock``: listen on this bound socket instead of
+    binding ``host:port``.
     """
 
     def __init__(
@@ -108,6 +117,8 @@ class TrafficServer:
         shutdown_timeout_s: float = 5.0,
         skip: SkipCallback | None = None,
         metrics: ProxyMetrics | None = None,
+        relay: RelayCallback | None = None,
+        sock: socket.socket | None = None,
     ) -> None:
         if mode not in ("mirror", "proxy"):
             raise ConfigError(f"traffic mode must be 'mirror' or 'proxy', not {mode!r}")
@@ -119,8 +130,9 @@ class TrafficServer:
         if upstream_max_connections < 1:
             raise ConfigError("upstream_max_connections must be at least 1")
         self._intake = Intake(
-            mode, sink=sink, reject=reject, task_resolver=task_resolver, skip=skip
+            mode, sink=sink, reject=reject, task_resolver=task_resolver, skip=skip, relay=relay
         )
+        self._sock = sock
         self._mode = mode
         self._host = host
         self._port = port
@@ -176,12 +188,19 @@ class TrafficServer:
         loop = asyncio.get_running_loop()
         connections = self._connections
         try:
-            server = await loop.create_server(
-                lambda: ServerConnection(handler, connections, fast),
-                self._host,
-                self._port,
-                backlog=LISTEN_BACKLOG,
-            )
+            if self._sock is not None:
+                server = await loop.create_server(
+                    lambda: ServerConnection(handler, connections, fast),
+                    sock=self._sock,
+                    backlog=LISTEN_BACKLOG,
+                )
+            else:
+                server = await loop.create_server(
+                    lambda: ServerConnection(handler, connections, fast),
+                    self._host,
+                    self._port,
+                    backlog=LISTEN_BACKLOG,
+                )
         except OSError as exc:
             self._close_pool()
             raise ConfigError(

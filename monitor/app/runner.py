@@ -14,6 +14,7 @@ import contextlib
 import functools
 import gc
 import signal
+import socket
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,7 @@ from typing import Any
 import structlog
 from prometheus_client import CollectorRegistry, generate_latest
 
+from adapters.http.dataplane import DataPlaneProcess
 from adapters.http.metrics import MetricsServer
 from adapters.http.proxy_metrics import ProxyMetrics
 from adapters.http.review import ReviewServer
@@ -30,6 +32,7 @@ from adapters.http.traffic import TrafficServer
 from adapters.kafka.clients import client_options, connection_problem, group_options
 from adapters.kafka.source import KafkaEventSource
 from adapters.kafka.verdicts import KafkaVerdictConsumer
+from monitor.app import dataplane
 from monitor.app.supervision import supervise
 from monitor.app.validation import validate_settings
 from monitor.app.wiring import (
@@ -64,7 +67,7 @@ class Running:
     store: CalibrationStore
     metrics_server: MetricsServer | None
     review_server: ReviewServer | None
-    traffic_server: TrafficServer | None
+    traffic_server: TrafficServer | DataPlaneProcess | None
     sources: list[Source] = field(default_factory=list)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
@@ -75,11 +78,23 @@ class Running:
     again yet (:func:`~monitor.app.supervision.supervise` keeps it)."""
 
     def not_ready_for_traffic(self) -> list[str]:
-        """Why the traffic listener cannot take traffic: only while starting or stopping."""
+        """Why the traffic listener cannot take traffic: only while starting or stopping,
+        or while its own process (``traffic.data_plane: process``) is being replaced."""
         reasons = [] if self.started else ["starting: not every listener is up yet"]
         if not self.service.accepting:
             reasons.append("stopping: no traffic is admitted")
-        return reasons
+        return reasons + self._data_plane_down()
+
+    def _data_plane_down(self) -> list[str]:
+        plane = self.traffic_server
+        if isinstance(plane, DataPlaneProcess) and self.started and plane.down:
+            return ["traffic data plane process exited: being restarted"]
+        return []
+
+    async def sync_traffic(self) -> None:
+        """With the data plane in its own process: wait until what it sent is counted."""
+        if isinstance(self.traffic_server, DataPlaneProcess):
+            await self.traffic_server.sync()
 
     def not_ready(self) -> list[str]:
         """Why monitoring is not working: the traffic reasons, unloaded windows,
@@ -89,6 +104,7 @@ class Running:
         reasons += [r for r in map(self._source_down, self.sources) if r is not None]
         if not self.service.accepting:
             reasons.append("stopping: no traffic is admitted")
+        reasons += self._data_plane_down()
         reasons += [
             f"task {name}: circuit breaker to the model endpoint open, no items re-asked"
             for name in self.service.circuits_open()
@@ -202,15 +218,15 @@ async def _start_service(
     partial.append(running)
     if follower is not None:
         running.sources.append(follower)
-    metrics_server = MetricsServer(
+    running.metrics_server = metrics_server = MetricsServer(
         registry,
         running.not_ready,
         host=settings.metrics.host,
         port=settings.metrics.port,
         before_scrape=service.publish,
+        before_scrape_async=running.sync_traffic,
         traffic_readiness=running.not_ready_for_traffic,
     )
-    running.metrics_server = metrics_server
     await _listen("metrics", settings.metrics.host, settings.metrics.port, metrics_server.start)
     closers.append(metrics_server.stop)
     await _start_review(running, backend, metrics, review_token)
@@ -305,26 +321,29 @@ async def _start_traffic(running: Running, metrics: Metrics) -> None:
         return
     metrics.init_source(settings.traffic.mode)
     header, traffic = settings.traffic.task_header, settings.traffic
-    running.traffic_server = TrafficServer(
-        sink=service.offer,
-        reject=service.reject,
-        # Both called for every proxied or mirrored request: compiled (setup.py), with no
-        # Python function between.
-        task_resolver=HeaderTaskResolver(service.router, header),
-        mode=settings.traffic.mode,
-        host=traffic.host,
-        port=traffic.port,
-        upstream_url=traffic.upstream_url,
-        max_body_bytes=traffic.max_body_bytes,
-        upstream_timeout_s=traffic.upstream_read_timeout_s,
-        upstream_connect_timeout_s=traffic.upstream_connect_timeout_s,
-        upstream_max_connections=traffic.upstream_pool_size,
-        skip=service.admission.skip_by_head,
-        metrics=ProxyMetrics(running.registry) if traffic.mode == "proxy" else None,
-    )
-    await _listen(
-        "traffic", settings.traffic.host, settings.traffic.port, running.traffic_server.start
-    )
+    proxy_metrics = ProxyMetrics(running.registry) if traffic.mode == "proxy" else None
+    if traffic.data_plane == "process":
+        bound: list[socket.socket] = []
+
+        async def bind() -> None:  # here: a port taken is the same error as inline
+            bound.append(dataplane.bind(traffic.host, traffic.port))
+
+        await _listen("traffic", traffic.host, traffic.port, bind)
+        running.traffic_server = await dataplane.start_data_plane(
+            settings, service, metrics, proxy_metrics, bound[0]
+        )
+    else:
+        running.traffic_server = TrafficServer(
+            sink=service.offer,
+            reject=service.reject,
+            # Both called for every proxied or mirrored request: compiled (setup.py), with no
+            # Python function between.
+            task_resolver=HeaderTaskResolver(service.router, header),
+            skip=service.admission.skip_by_head,
+            metrics=proxy_metrics,
+            **dataplane.listener_options(settings),
+        )
+        await _listen("traffic", traffic.host, traffic.port, running.traffic_server.start)
     if running.review_server is not None:  # described in the review port's /openapi.json
         host, port = settings.traffic.host, running.traffic_server.bound_port
         running.review_server.traffic_url = f"http://{host}:{port}"
@@ -440,6 +459,7 @@ async def run_service(
         log.info("relmon_stopping", in_flight=running.service.in_flight)
     finally:
         refresher.cancel()
+        await running.sync_traffic()
         running.service.publish()
         if metrics_out is not None:
             await asyncio.to_thread(metrics_out.write_bytes, generate_latest(running.registry))

@@ -396,4 +396,22 @@ def validate_settings(settings: Settings, *, review_token: str | None = None) ->
             problems.append(str(exc))
     if problems:
         raise ConfigError("\n".join(f"{settings._source}: {p}" for p in problems))
-    return [f"{settings._source}: {w}" for w in [*kafka_warnings, *budget_warnings(settings)]]
+    warnings = [*kafka_warnings, *budget_warnings(settings), *_data_plane_warnings(settings)]
+    return [f"{settings._source}: {w}" for w in warnings]
+
+
+def _data_plane_warnings(settings: Settings) -> list[str]:
+    """An embedding canonicalizer beside a one-process listener: each item's embedding
+    (and the model's loading) takes CPU and the GIL from the live requests."""
+    traffic = settings.traffic
+    if traffic.mode == "off" or traffic.data_plane == "process":
+        return []
+    embedding = [t.name for t in settings.tasks if t.canonicalizer == "embedding"]
+    if not embedding:
+        return []
+    return [
+        f"traffic.data_plane: 'inline' while task(s) {', '.join(embedding)} use the "
+        "embedding canonicalizer: its work shares the process, and the GIL, with the "
+        f"{traffic.mode}'s live requests (their p99 rose by 190 ms while the model loaded, "
+        "bench/isolation_bench.py); set traffic.data_plane: process"
+    ]

@@ -198,6 +198,9 @@ class TrafficSettings(_Strict):
     upstream_read_timeout_s: float = Field(60.0, gt=0)  # proxy: no byte from the upstream
     upstream_pool_size: int = Field(256, ge=1)  # proxy: connections to the upstream at most
     uvloop: bool = True  # run relmon on uvloop (false: asyncio's own event loop)
+    # "process": the mirror's or proxy's listener runs in a process of its own, so
+    # relmon's own work never delays a live request (docs/deploy.md); "inline": one process
+    data_plane: Literal["inline", "process"] = "inline"
 
     @field_validator("mode", mode="before")
     @classmethod

@@ -68,9 +68,9 @@ class EventCounts(Collector):
         self.counts: dict[tuple[str, str], int] = {}
         registry.register(self)
 
-    def add(self, source: str, decision: str) -> None:
+    def add(self, source: str, decision: str, n: int = 1) -> None:
         key = (source, decision)
-        self.counts[key] = self.counts.get(key, 0) + 1
+        self.counts[key] = self.counts.get(key, 0) + n
 
     def init(self, source: str) -> None:
         """Every decision of ``source`` at 0 (kept if already counted)."""

@@ -113,6 +113,7 @@ bench: $(COMPILE_STAMP)
 	$(BIN)/python bench/proxy_saturation_bench.py --upstream nginx --with-lean --plain-baseline --json bench/results/proxy_saturation.json
 	$(BIN)/python bench/proxy_saturation_bench.py --data-plane uvloop --upstream nginx --with-lean --plain-baseline --json bench/results/proxy_data_plane.json
 	$(BIN)/python bench/model_client_bench.py --json bench/results/model_client.json
+	$(BIN)/python bench/isolation_bench.py --json bench/results/isolation.json
 	$(BIN)/python bench/stopping_bench.py --json bench/results/stopping.json
 	$(BIN)/python bench/calibration_bench.py --json bench/results/calibration.json
 	$(BIN)/python bench/core_bench.py --json bench/results/core.json

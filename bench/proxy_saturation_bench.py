@@ -19,7 +19,10 @@ Debian's ``wrk`` (one thread, closed loop, a 1.7 KB chat-completion request body
   worker of the proxy process) per 10,000 requests, read from ``/proc``.
 
 ``--data-plane uvloop|asyncio`` puts the proxy's data plane alone in relmon's place (its
-TrafficServer, every event skipped: no service around it) on that event loop.
+TrafficServer with ``relmon run``'s fast path, the 1% sampled requests handed to
+nothing: no service around it) on that event loop; ``--with-data-plane`` adds it (on
+uvloop) as one more target. ``--traffic-extra "data_plane: process"`` runs relmon's
+listener in a process of its own (the CPU counted is both processes').
 ``--with-lean`` adds ``bench/lean_proxy.py`` (the leanest Python proxy: what the
 interpreter reaches here) and ``--baseline-tree PATH`` the same relmon (data plane or
 whole service) from another checkout, say the code before a change (``git worktree add
@@ -53,8 +56,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib
 from proxy_latency_bench import start_nginx
 
-from adapters.http.traffic import TrafficServer, header_task_resolver
+from adapters.http.traffic import TrafficServer
+from monitor.config import TaskSettings
 from monitor.engine.ports import Admission
+from monitor.engine.routing import HeaderTaskResolver, HeadSkip, RoutedTask, TaskRouter
 
 TARGETS = ("direct", "relmon", "nginx")
 PROXIES = ("relmon", "nginx")
@@ -255,7 +260,7 @@ def _summarize(latency: list[dict[str, Any]], saturation: list[dict[str, Any]]) 
         "requests_per_s": rs["requests_per_s"] / ns["requests_per_s"],
         "cpu_per_request": rs["cpu_s_per_10k"] / ns["cpu_s_per_10k"],
     }
-    for other in ("before", "lean"):  # also against nginx, in the same run
+    for other in ("before", "lean", "plane"):  # also against nginx, in the same run
         if other in targets:
             oa, os_ = out["latency"][f"{other}_added"], out["saturation"][other]
             out[f"{other}_ratios"] = {
@@ -268,7 +273,7 @@ def _summarize(latency: list[dict[str, Any]], saturation: list[dict[str, Any]]) 
 
 
 def _start_relmon(
-    args: argparse.Namespace, tmp: Path, up_port: int, tree: Path
+    args: argparse.Namespace, tmp: Path, up_port: int, tree: Path, traffic_extra: str
 ) -> tuple[subprocess.Popen[bytes], int]:
     """relmon from ``tree``: its data plane alone (``--data-plane``) or ``relmon run``
     in proxy mode; the process and its traffic port."""
@@ -284,7 +289,7 @@ def _start_relmon(
         tree,
         traffic_mode="proxy",
         upstream_url=f"http://127.0.0.1:{up_port}",
-        traffic_extra=args.traffic_extra,
+        traffic_extra=traffic_extra,
     )
     return proc, ports["traffic"]
 
@@ -301,9 +306,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         else:
             cmd = [sys.executable, str(Path(__file__).with_name("proxy_latency_bench.py"))]
             upstream, up_port = benchlib.spawn_with_port([*cmd, "--serve-upstream"], "upstream")
-        relmon = nginx = lean = before = None
+        relmon = nginx = lean = before = plane = None
         try:
-            relmon, port = _start_relmon(args, tmp / "relmon", up_port, benchlib.ROOT)
+            relmon, port = _start_relmon(
+                args, tmp / "relmon", up_port, benchlib.ROOT, args.traffic_extra
+            )
             nginx = start_nginx(tmp / "nginx", nginx_port, up_port)
             path = "/v1/chat/completions"
             urls = {
@@ -311,23 +318,34 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "relmon": f"http://127.0.0.1:{port}{path}",
                 "nginx": f"http://127.0.0.1:{nginx_port}{path}",
             }
-            pids = {"relmon": [relmon.pid], "nginx": _family(nginx.pid)}
+            # A process and its children: nginx's workers, relmon's data plane process.
+            pids = {"relmon": _family(relmon.pid), "nginx": _family(nginx.pid)}
             if args.plain_baseline:
                 args.baseline_tree = benchlib.plain_copy(tmp / "plain")
             if args.baseline_tree is not None:
+                extra = args.traffic_extra
+                if args.baseline_traffic_extra is not None:
+                    extra = args.baseline_traffic_extra
                 before, before_port = _start_relmon(
-                    args, tmp / "before", up_port, args.baseline_tree
+                    args, tmp / "before", up_port, args.baseline_tree, extra
                 )
                 urls["before"] = f"http://127.0.0.1:{before_port}{path}"
-                pids["before"] = [before.pid]
+                pids["before"] = _family(before.pid)
             if args.with_lean:
                 cmd = [sys.executable, str(Path(__file__).with_name("lean_proxy.py")), str(up_port)]
                 lean, lean_port = benchlib.spawn_with_port(cmd, "lean proxy")
                 urls["lean"] = f"http://127.0.0.1:{lean_port}{path}"
                 pids["lean"] = [lean.pid]
+            if args.with_data_plane:
+                cmd = [sys.executable, __file__, "--serve-data-plane", "uvloop"]
+                plane, plane_port = benchlib.spawn_with_port(
+                    [*cmd, f"http://127.0.0.1:{up_port}"], "data plane"
+                )
+                urls["plane"] = f"http://127.0.0.1:{plane_port}{path}"
+                pids["plane"] = [plane.pid]
             latency, saturation = _measure(urls, pids, script, args)
         finally:
-            for proc in (nginx, relmon, lean, before):
+            for proc in (nginx, relmon, lean, before, plane):
                 if proc is not None:
                     benchlib.stop(proc)
             benchlib.stop(upstream)
@@ -340,9 +358,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "latency_connections": args.latency_connections,
         "connections": args.connections,
         "traffic_extra": args.traffic_extra,
+        "baseline_traffic_extra": args.baseline_traffic_extra,
         "data_plane": args.data_plane,
+        "fast_path": "relmon run's fast path (1% hash-sampled, those handed to nothing)",
         "upstream": args.upstream,
         "with_lean": args.with_lean,
+        "with_data_plane": args.with_data_plane,
         "baseline_tree": str(args.baseline_tree) if args.baseline_tree else None,
         "plain_baseline": args.plain_baseline,
         "compiled": {
@@ -365,15 +386,26 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 async def _serve_data_plane(upstream_url: str) -> None:
-    """The proxy's data plane alone: relmon's TrafficServer, every event skipped."""
+    """The proxy's data plane alone: relmon's TrafficServer with relmon run's fast path
+    for the bench's task (hash-sampling 1%), the sampled requests handed to nothing."""
+    task = TaskSettings.model_validate(
+        {
+            "name": "bench",
+            "match": {"model": "bench-model"},
+            "sampling_rate": 0.01,
+            "endpoint": {"base_url": upstream_url + "/v1", "model": "bench-model"},
+        }
+    )
+    router = TaskRouter({"bench": RoutedTask(task)})
     server = TrafficServer(
         sink=lambda event, source: Admission("skipped"),
         reject=lambda source, reason: None,
-        task_resolver=header_task_resolver(),
+        task_resolver=HeaderTaskResolver(router, "X-Relmon-Task"),
         mode="proxy",
         port=0,
         upstream_url=upstream_url,
-        skip=lambda source, task, event_id: True,
+        skip=HeadSkip(router),
+        relay=lambda *handed: None,
     )
     await server.start()
     print(f"PORT {server.bound_port}", flush=True)
@@ -413,7 +445,16 @@ def main() -> None:
         action="store_true",
         help="also measure bench/lean_proxy.py (the floor a Python proxy reaches here)",
     )
+    parser.add_argument(
+        "--with-data-plane",
+        action="store_true",
+        help="also measure this tree's data plane alone, its fast path as relmon run's",
+    )
     parser.add_argument("--traffic-extra", default="", help="more traffic keys, YAML flow")
+    parser.add_argument(
+        "--baseline-traffic-extra",
+        help="the baseline's traffic keys instead (e.g. this tree inline against process)",
+    )
     parser.add_argument("--profile", type=Path, help="py-spy relmon; summary to this file")
     parser.add_argument("--label", default="this run", help="this run's name in the report")
     parser.add_argument(
@@ -451,7 +492,7 @@ def main() -> None:
         + (f"x{x['added_p99']:.2f}" if x["added_p99"] is not None else "n/a")
         + f", req/s x{x['requests_per_s']:.2f}, CPU per request x{x['cpu_per_request']:.2f}"
     )
-    for other in ("before", "lean"):
+    for other in ("before", "lean", "plane"):
         if f"{other}_ratios" in report:
             y = report[f"{other}_ratios"]
             print(

@@ -27,6 +27,7 @@ SECTIONS = (
     "proxy_saturation",
     "proxy_data_plane",
     "model_client",
+    "isolation",
     "stopping",
     "calibration",
     "soak",
@@ -288,7 +289,8 @@ def proxy_data_plane(doc: dict[str, Any]) -> list[str]:
         "### The data plane alone beside nginx, in one run",
         "",
         f"The same measurement with relmon's data plane alone ({doc['data_plane']}: its "
-        "traffic listener, every event skipped, no service around it) in front of "
+        f"traffic listener, {doc.get('fast_path', 'every event skipped')}, no service "
+        "around it) in front of "
         f"{doc['upstream']}, beside a baseline (this code as plain Python, or the code "
         "before a change) and `bench/lean_proxy.py` "
         "(no relmon code: httptools on uvloop, every request relayed from the protocol "
@@ -636,6 +638,40 @@ def model_client(doc: dict[str, Any]) -> list[str]:
     return [*out, "", "Reproduce: `.venv/bin/python bench/model_client_bench.py`", ""]
 
 
+def isolation(doc: dict[str, Any]) -> list[str]:
+    def cells(v: dict[str, Any]) -> list[str]:
+        if v["added_p50_ms"] is None:
+            return ["", "", ""]
+        return [f"+{v['added_p50_ms']:.2f}", f"+{v['added_p99_ms']:.2f}", f"{v['max_ms']:.1f}"]
+
+    rows = [
+        [
+            f"`{plane}`",
+            *cells(doc[plane]["cold"]),
+            *cells(doc[plane]["warm"]),
+            f"{doc['items_scored'][plane]:.0f}",
+        ]
+        for plane in ("inline", "process")
+    ]
+    head = ["`traffic.data_plane`", "cold: added p50 ms", "p99", "slowest ms"]
+    head += ["warm: added p50 ms", "p99", "slowest ms", "items scored"]
+    out = [
+        "### relmon's own work and the live requests: one process or two",
+        "",
+        "Two `relmon run` in proxy mode, the same configuration but for "
+        f"`traffic.data_plane`, the `{doc['canonicalizer']}` canonicalizer (cache off: "
+        "every item embeds its answers on the CPU), half the traffic sampled, in front of "
+        f"the demo's simulated model. Open loop, {doc['rate_per_s']:g} requests/s, half "
+        "to relmon and half to the model directly (the added latency is against those), "
+        f"{doc['duration_s']:g} s windows alternating between the two, {doc['repeats']} "
+        "each. The first window is cold (its first items load the embedding model); warm: "
+        f"the median of the others. {_ran(doc)}",
+        "",
+        *_table(head, rows),
+    ]
+    return [*out, "", "Reproduce: `.venv/bin/python bench/isolation_bench.py`", ""]
+
+
 def kafka_scale(doc: dict[str, Any] | None) -> list[str]:
     out = ["## 7. Kafka scale-out and replay", ""]
     if doc is None:
@@ -870,6 +906,8 @@ def render(docs: dict[str, dict[str, Any]]) -> str:
             lines += proxy_data_plane(docs["proxy_data_plane"])
         if name == "proxy" and "model_client" in docs:
             lines += model_client(docs["model_client"])
+        if name == "proxy" and "isolation" in docs:
+            lines += isolation(docs["isolation"])
     lines += soak(docs.get("soak"))
     if "core" in docs:
         lines += core(docs["core"])

@@ -29,6 +29,7 @@ SCRIPTS = {
     "core": "core_bench.py",
     "soak": "soak.py",
     "model_client": "model_client_bench.py",
+    "isolation": "isolation_bench.py",
 }
 
 
@@ -205,6 +206,16 @@ def test_model_client_bench(quick: tuple[Path, dict[str, str | None]]) -> None:
         (run,) = doc["runs"][name]
         assert run["calls"] == 1000 and positive(run["cpu_us_per_call"])
         assert positive(run["calls_per_s"])
+
+
+@pytest.mark.timeout(900)
+def test_isolation_bench(quick: tuple[Path, dict[str, str | None]]) -> None:
+    doc = doc_of(quick, "isolation")
+    for plane in ("inline", "process"):
+        assert doc[plane]["errors"] == 0 and len(doc["windows"][plane]) == 2
+        assert positive(doc[plane]["cold"]["max_ms"]) and positive(doc[plane]["warm"]["max_ms"])
+        # Both did the monitoring: half the requests of 2 windows are sampled and scored.
+        assert doc["items_scored"][plane] > 0
 
 
 @pytest.mark.timeout(900)

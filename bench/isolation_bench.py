@@ -3,15 +3,17 @@ inline`` (one process) against ``process`` (the listener in a process of its own
 the same run.
 
 Processes on 127.0.0.1: the demo's simulated model (arithmetic answers in varied
-wordings), both the proxy's upstream and the model relmon re-asks; two ``relmon run``
+wordings) twice, once as the proxy's upstream and once as the model relmon re-asks (so
+the re-asks' load does not slow the upstream the live requests and the direct calls
+share, as a model server on its own machine would not be); two ``relmon run``
 in proxy mode in front of it, the same configuration but for ``traffic.data_plane``:
 one task with the ``embedding`` canonicalizer (its cache off, so every item embeds its
 answers on the CPU; ``--canonicalizer numeric`` for the cheap one), half the traffic
 sampled, a budget that refuses none; and this load generator, open loop. A window sends
 ``--rate`` requests per second for ``--duration`` seconds, alternating between one
 relmon and the model directly (the paired baseline); the windows alternate between the
-two relmons, ``--repeats`` each. The first window of each relmon is cold: its first
-items load the embedding model.
+two relmons, ``--repeats`` each. The first window of each relmon is cold (the embedding
+model is loaded at start, before traffic, but its first encodes run now).
 
 Reported, for each: the latency it adds to the direct call (p50, p99, the slowest),
 cold and warm (the median over the warm windows), and the items it scored.
@@ -39,7 +41,9 @@ import benchlib
 PLANES = ("inline", "process")
 
 
-def _config(path: Path, model_port: int, ports: dict[str, int], plane: str, canon: str) -> None:
+def _config(  # noqa: PLR0917
+    path: Path, model_port: int, upstream_port: int, ports: dict[str, int], plane: str, canon: str
+) -> None:
     options = "{cache_size: 0}" if canon == "embedding" else "{}"
     path.write_text(
         f"""tasks:
@@ -52,7 +56,7 @@ def _config(path: Path, model_port: int, ports: dict[str, int], plane: str, cano
     k0: 5
     sampling_rate: 0.5
     review_rate: 0.1
-traffic: {{mode: proxy, port: {ports["traffic"]}, upstream_url: "http://127.0.0.1:{model_port}",
+traffic: {{mode: proxy, port: {ports["traffic"]}, upstream_url: "http://127.0.0.1:{upstream_port}",
   data_plane: {plane}}}
 metrics: {{port: {ports["metrics"]}}}
 review: {{port: {ports["review"]}}}
@@ -139,17 +143,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         tmp = Path(tmp_name)
         cmd = [sys.executable, str(Path(__file__).resolve()), "--serve-model"]
         model, model_port = benchlib.spawn_with_port(cmd, "model")
+        upstream, upstream_port = benchlib.spawn_with_port(cmd, "upstream")
         relmons: dict[str, tuple[Any, dict[str, int]]] = {}
         try:
             for plane in PLANES:
                 ports = {k: benchlib.free_port() for k in ("metrics", "review", "traffic")}
                 (tmp / plane).mkdir()
                 config = tmp / plane / "relmon.yaml"
-                _config(config, model_port, ports, plane, args.canonicalizer)
+                _config(config, model_port, upstream_port, ports, plane, args.canonicalizer)
                 proc = benchlib.start_relmon(config, tmp / plane / "relmon.log", ports["metrics"])
                 relmons[plane] = (proc, ports)
                 benchlib.wait_port(ports["traffic"], proc)
-            direct = f"http://127.0.0.1:{model_port}/v1/chat/completions"
+            direct = f"http://127.0.0.1:{upstream_port}/v1/chat/completions"
             for r in range(args.repeats):
                 order = PLANES if r % 2 == 0 else PLANES[::-1]
                 for plane in order:
@@ -170,6 +175,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         finally:
             for proc, _ in relmons.values():
                 benchlib.stop(proc)
+            benchlib.stop(upstream)
             benchlib.stop(model)
 
     def warm(plane: str, key: str) -> float | None:

@@ -661,11 +661,12 @@ def isolation(doc: dict[str, Any]) -> list[str]:
         "Two `relmon run` in proxy mode, the same configuration but for "
         f"`traffic.data_plane`, the `{doc['canonicalizer']}` canonicalizer (cache off: "
         "every item embeds its answers on the CPU), half the traffic sampled, in front of "
-        f"the demo's simulated model. Open loop, {doc['rate_per_s']:g} requests/s, half "
-        "to relmon and half to the model directly (the added latency is against those), "
+        "the demo's simulated model (a second one answers the re-asks). Open loop, "
+        f"{doc['rate_per_s']:g} requests/s, half to relmon and half to the upstream "
+        "directly (the added latency is against those), "
         f"{doc['duration_s']:g} s windows alternating between the two, {doc['repeats']} "
-        "each. The first window is cold (its first items load the embedding model); warm: "
-        f"the median of the others. {_ran(doc)}",
+        "each. Cold: the first window (the model is loaded at start, its first encodes run "
+        f"in it); warm: the median of the others. {_ran(doc)}",
         "",
         *_table(head, rows),
     ]

@@ -207,6 +207,12 @@ class _ExtractThen:
         classes = iter(await self._inner.canonicalize_many(found, context) if found else [])
         return [INVALID if m == INVALID else next(classes) for m in marked]
 
+    async def warm_up(self) -> None:
+        """Prepare ``inner`` now if it can (an embedding model loads)."""
+        warm = getattr(self._inner, "warm_up", None)
+        if warm is not None:
+            await warm()
+
     async def aclose(self) -> None:
         """Close ``inner`` if it has anything to close (an ``llm`` judge it owns)."""
         close = getattr(self._inner, "aclose", None)

@@ -402,7 +402,7 @@ def validate_settings(settings: Settings, *, review_token: str | None = None) ->
 
 def _data_plane_warnings(settings: Settings) -> list[str]:
     """An embedding canonicalizer beside a one-process listener: each item's embedding
-    (and the model's loading) takes CPU and the GIL from the live requests."""
+    takes CPU and the GIL from the live requests."""
     traffic = settings.traffic
     if traffic.mode == "off" or traffic.data_plane == "process":
         return []
@@ -412,6 +412,6 @@ def _data_plane_warnings(settings: Settings) -> list[str]:
     return [
         f"traffic.data_plane: 'inline' while task(s) {', '.join(embedding)} use the "
         "embedding canonicalizer: its work shares the process, and the GIL, with the "
-        f"{traffic.mode}'s live requests (their p99 rose by 190 ms while the model loaded, "
+        f"{traffic.mode}'s live requests and raises their latency (docs/deploy.md, "
         "bench/isolation_bench.py); set traffic.data_plane: process"
     ]

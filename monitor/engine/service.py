@@ -170,7 +170,19 @@ class MonitorService:
         self.calibration.publish()
 
     async def load(self) -> int:
-        """Rebuild the windows from the store; returns how many records were loaded."""
+        """Rebuild the windows from the store and prepare the canonicalizers that can
+        be (an embedding model loads now, before traffic, not on the first item while
+        live requests wait); returns how many records were loaded."""
+        for task in self.tasks.values():
+            warm = getattr(task.canonicalizer, "warm_up", None)
+            if warm is not None:
+                started = self.clock.monotonic()
+                await warm()
+                log.info(
+                    "canonicalizer_ready",
+                    task=task.name,
+                    seconds=round(self.clock.monotonic() - started, 3),
+                )
         loaded = await self.calibration.load()
         await self.calibration.load_judgements()
         # A restart recognises items it already reviewed.

@@ -133,6 +133,12 @@ class PlainAnswersOnly:
                 classes[i] = c
         return classes
 
+    async def warm_up(self) -> None:
+        """Prepare ``inner`` now if it can (an embedding model loads)."""
+        warm = getattr(self._inner, "warm_up", None)
+        if warm is not None:
+            await warm()
+
     async def aclose(self) -> None:
         close = getattr(self._inner, "aclose", None)
         if close is not None:

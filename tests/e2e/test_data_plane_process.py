@@ -23,6 +23,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from adapters.http.dataplane import DataPlaneProcess
 from monitor.app.demo.model import QuestionBank, SimulatedModel
 from monitor.app.runner import Running, start_service
 from monitor.config import load_settings
@@ -30,7 +31,7 @@ from monitor.core.errors import ConfigError
 from monitor.core.sampler import sampled
 from tests.e2e.test_run_drain import parse_metrics
 from tests.ports import free_port
-from tests.waiting import wait_until
+from tests.waiting import answers_http, wait_until
 
 TOKEN = "data-plane-token-123456"
 TASKS = ("arithmetic", "other")
@@ -190,20 +191,20 @@ async def test_a_killed_child_is_replaced_and_the_port_keeps_its_queue(
     )
     try:
         plane = running.traffic_server
-        assert plane is not None and not isinstance(plane, type(None))
+        assert isinstance(plane, DataPlaneProcess) and plane.proc is not None
         port = plane.bound_port
         first = by_task_header(40, "a")
         assert await send_all(port, first) == [200] * 40
         before = traffic_counts(await scrape(running), "proxy")
         assert before["skipped"] == expected_skips(first, 0.5)
         assert sum(before.values()) == 40
-        pid = plane.proc.pid  # type: ignore[union-attr]
+        pid = plane.proc.pid
         os.kill(pid, signal.SIGKILL)
         # Sent at once: the connection waits in the listening socket's queue (held by
         # this process) until the new child takes it.
         during = by_task_header(5, "d")
         assert await asyncio.wait_for(send_all(port, during), 30) == [200] * 5
-        assert plane.proc.pid != pid  # type: ignore[union-attr]
+        assert plane.proc.pid != pid
         await wait_until(lambda: not plane.down, what="the new child to serve")
         second = by_task_header(40, "b")
         assert await send_all(port, second) == [200] * 40
@@ -287,8 +288,6 @@ state_dir: "{tmp_path / "state"}"
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # noqa: ASYNC220
     try:
         url = f"http://127.0.0.1:{ports['metrics']}/readyz/traffic"
-        from tests.waiting import answers_http
-
         await wait_until(answers_http(url), timeout_s=60, what="relmon ready", alive=proc)
         kids = children(proc.pid)
         assert len(kids) == 1

@@ -42,9 +42,16 @@ PLANES = ("inline", "process")
 
 
 def _config(  # noqa: PLR0917
-    path: Path, model_port: int, upstream_port: int, ports: dict[str, int], plane: str, canon: str
+    path: Path,
+    model_port: int,
+    upstream_port: int,
+    ports: dict[str, int],
+    plane: str,
+    args: argparse.Namespace,
 ) -> None:
-    options = "{cache_size: 0}" if canon == "embedding" else "{}"
+    canon = args.canonicalizer
+    threads = f", threads: {args.embedding_threads}" if args.embedding_threads else ""
+    options = f"{{cache_size: 0{threads}}}" if canon == "embedding" else "{}"
     path.write_text(
         f"""tasks:
   - name: arithmetic
@@ -150,7 +157,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 ports = {k: benchlib.free_port() for k in ("metrics", "review", "traffic")}
                 (tmp / plane).mkdir()
                 config = tmp / plane / "relmon.yaml"
-                _config(config, model_port, upstream_port, ports, plane, args.canonicalizer)
+                _config(config, model_port, upstream_port, ports, plane, args)
                 proc = benchlib.start_relmon(config, tmp / plane / "relmon.log", ports["metrics"])
                 relmons[plane] = (proc, ports)
                 benchlib.wait_port(ports["traffic"], proc)
@@ -186,6 +193,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "benchmark": "isolation",
         "load_generator": "aiohttp client, open loop, its own process",
         "canonicalizer": args.canonicalizer,
+        "embedding_threads": args.embedding_threads,
         "rate_per_s": args.rate,
         "duration_s": args.duration,
         "repeats": args.repeats,
@@ -209,6 +217,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="windows for each relmon")
     parser.add_argument("--settle", type=float, default=3.0, help="seconds between windows")
     parser.add_argument("--canonicalizer", default="embedding", choices=["embedding", "numeric"])
+    parser.add_argument(
+        "--embedding-threads", type=int, help="the embedding canonicalizer's threads option"
+    )
     parser.add_argument("--quick", action="store_true", help="2 windows of 2 s (a smoke test)")
     parser.add_argument("--json", type=Path, help="write the results as JSON to this file")
     parser.add_argument("--serve-model", action="store_true", help=argparse.SUPPRESS)

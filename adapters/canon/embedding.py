@@ -227,7 +227,10 @@ class EmbeddingCanonicalizer:
     Options: ``threshold`` (cosine similarity that links two answers, default 0.85),
     ``model_path`` (a sentence-transformers directory; default: the wheel's
     all-MiniLM-L6-v2), ``device`` (``"cpu"``), ``batch_size`` (encode batch, 64),
-    ``cache_size`` (embeddings remembered across calls, 4096; 0 disables).
+    ``cache_size`` (embeddings remembered across calls, 4096; 0 disables), ``threads``
+    (CPU threads torch encodes with, on the one worker thread that encodes; default:
+    torch's own, every core. ``1`` leaves the other cores to the live requests, see
+    docs/deploy.md).
     """
 
     def __init__(
@@ -238,6 +241,7 @@ class EmbeddingCanonicalizer:
         device: str = "cpu",
         batch_size: int = 64,
         cache_size: int = 4096,
+        threads: int | None = None,
     ) -> None:
         if isinstance(threshold, bool) or not isinstance(threshold, int | float):
             raise ConfigError(f"embedding: threshold must be a number, got {threshold!r}")
@@ -249,6 +253,10 @@ class EmbeddingCanonicalizer:
             raise ConfigError(f"embedding: batch_size must be an integer >= 1, got {batch_size!r}")
         if isinstance(cache_size, bool) or not isinstance(cache_size, int) or cache_size < 0:
             raise ConfigError(f"embedding: cache_size must be an integer >= 0, got {cache_size!r}")
+        if threads is not None and (
+            isinstance(threads, bool) or not isinstance(threads, int) or threads < 1
+        ):
+            raise ConfigError(f"embedding: threads must be an integer >= 1, got {threads!r}")
         path = Path(model_path) if model_path is not None else default_model_path()
         if not (path / "modules.json").is_file() and not (path / "config.json").is_file():
             raise ConfigError(f"embedding: {path} is not a sentence-transformers model directory")
@@ -262,6 +270,7 @@ class EmbeddingCanonicalizer:
         self._device = device
         self._batch_size = batch_size
         self._cache_size = cache_size
+        self._threads = threads
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
         self._cache_lock = threading.Lock()
 
@@ -400,6 +409,8 @@ class EmbeddingCanonicalizer:
             model = _load(self._path, self._device)
             try:
                 with model.lock:
+                    if self._threads is not None:
+                        importlib.import_module("torch").set_num_threads(self._threads)
                     encoded = model.encoder.encode(
                         missing,
                         batch_size=self._batch_size,

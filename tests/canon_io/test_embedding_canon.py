@@ -445,7 +445,7 @@ async def test_bad_input_and_options(canon: EmbeddingCanonicalizer, tmp_path: Pa
             EmbeddingCanonicalizer(threshold=threshold)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="not a sentence-transformers model directory"):
         EmbeddingCanonicalizer(model_path=tmp_path)
-    for option in ({"batch_size": 0}, {"cache_size": -1}, {"device": ""}):
+    for option in ({"batch_size": 0}, {"cache_size": -1}, {"device": ""}, {"threads": 0}):
         with pytest.raises(ConfigError):
             EmbeddingCanonicalizer(**option)
 
@@ -456,3 +456,22 @@ async def test_a_broken_model_directory_is_a_config_error(tmp_path: Path) -> Non
     broken = EmbeddingCanonicalizer(model_path=tmp_path)
     with pytest.raises(ConfigError, match="cannot load the model"):
         await broken.canonicalize_many(["Paris"])
+
+
+async def test_threads_caps_torchs_threads_and_changes_no_class(
+    canon: EmbeddingCanonicalizer,
+) -> None:
+    """``threads: 1`` leaves the machine's other cores to the live requests (the proxy
+    beside it); the classes are the same."""
+    import torch
+
+    from adapters.canon.embedding import _off_loop
+
+    before = await _off_loop(torch.get_num_threads)  # the thread that encodes
+    answers = ["Paris", "paris.", "Lyon", "PARIS!"]
+    try:
+        capped = EmbeddingCanonicalizer(threads=1, cache_size=0)
+        assert await capped.canonicalize_many(answers) == await canon.canonicalize_many(answers)
+        assert await _off_loop(torch.get_num_threads) == 1
+    finally:
+        await _off_loop(torch.set_num_threads, before)

@@ -228,7 +228,6 @@ class DataPlaneProcess:
         self._stopping = asyncio.Event()
         self._sync_n = 0
         self._synced: dict[int, asyncio.Future[None]] = {}
-        self.restarts = 0
 
     @property
     def bound_port(self) -> int:
@@ -323,7 +322,6 @@ class DataPlaneProcess:
                 except Exception as exc:  # ConfigError: it exited, or did not listen
                     _log.error("data_plane_restart_failed", error=str(exc))
                     failures += 1
-            self.restarts += 1
             self.on_restart()
 
     async def _reap(self) -> int | None:

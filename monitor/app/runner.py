@@ -45,10 +45,10 @@ from monitor.app.wiring import (
 )
 from monitor.config import Settings
 from monitor.core.errors import ConfigError, RelmonError
-from monitor.engine.admission import HeaderTaskResolver
 from monitor.engine.follower import VerdictFollower
 from monitor.engine.metrics import Metrics
 from monitor.engine.ports import CalibrationStore, Source
+from monitor.engine.routing import HeaderTaskResolver
 from monitor.engine.service import MonitorService
 from monitor.engine.verdicts import VerdictScorer
 

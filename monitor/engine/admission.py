@@ -18,24 +18,10 @@ from monitor.core.events import TrafficEvent
 from monitor.core.sampler import CallBudget, sampled
 from monitor.engine.metrics import Metrics
 from monitor.engine.ports import Admission, CalibrationStore, Clock
-from monitor.engine.routing import (
-    HeaderTaskResolver,
-    HeadSkip,
-    Routed,
-    RoutedTask,
-    TaskRouter,
-)
+from monitor.engine.routing import TaskRouter
 from monitor.engine.runtime import Job, ServiceStats, TaskRuntime, item_id
 
-__all__ = [
-    "RECENT_ITEM_IDS",
-    "AdmissionControl",
-    "HeadSkip",
-    "HeaderTaskResolver",
-    "Routed",
-    "RoutedTask",
-    "TaskRouter",
-]
+__all__ = ["RECENT_ITEM_IDS", "AdmissionControl"]
 
 log = structlog.get_logger("relmon")
 

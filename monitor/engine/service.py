@@ -29,7 +29,7 @@ from monitor.core.redaction import Redactor
 from monitor.core.review import ReviewItem, TaskProgress, Verdict
 from monitor.core.sampler import CallBudget
 from monitor.core.window import WindowSnapshot
-from monitor.engine.admission import RECENT_ITEM_IDS, AdmissionControl, TaskRouter
+from monitor.engine.admission import RECENT_ITEM_IDS, AdmissionControl
 from monitor.engine.calibration import Calibration
 from monitor.engine.metrics import Metrics
 from monitor.engine.ports import (
@@ -41,6 +41,7 @@ from monitor.engine.ports import (
     VerdictOutcome,
 )
 from monitor.engine.reviews import ReviewRouter
+from monitor.engine.routing import TaskRouter
 from monitor.engine.runtime import Job, ServiceStats, TaskRuntime
 from monitor.engine.verdicts import VerdictScorer
 from monitor.engine.workers import WorkerPool

@@ -12,8 +12,9 @@ from prometheus_client import CollectorRegistry
 
 from monitor.config import TaskSettings
 from monitor.core.sampler import CallBudget, sampled
-from monitor.engine.admission import AdmissionControl, TaskRouter
+from monitor.engine.admission import AdmissionControl
 from monitor.engine.metrics import Metrics
+from monitor.engine.routing import TaskRouter
 from monitor.engine.runtime import ServiceStats, TaskRuntime
 
 

@@ -22,8 +22,9 @@ from adapters.http.proxy_metrics import ADDED_LATENCY_BUCKETS, FAILURE_REASONS, 
 from monitor.config import TaskSettings
 from monitor.core.errors import ConfigError
 from monitor.core.sampler import CallBudget
-from monitor.engine.admission import AdmissionControl, HeadSkip, RoutedTask, TaskRouter
+from monitor.engine.admission import AdmissionControl
 from monitor.engine.metrics import Metrics
+from monitor.engine.routing import HeadSkip, RoutedTask, TaskRouter
 from monitor.engine.runtime import ServiceStats, TaskRuntime
 
 

@@ -406,6 +406,7 @@ async def _serve_data_plane(upstream_url: str) -> None:
         upstream_url=upstream_url,
         skip=HeadSkip(router),
         relay=lambda *handed: None,
+        max_sampling_rate=router.max_rate,
     )
     await server.start()
     print(f"PORT {server.bound_port}", flush=True)

@@ -10,7 +10,7 @@ a 4-byte big-endian length and a pickled tuple. Both ends are relmon's own proce
 
 Child to main:
   ``("ready", pid)``: listening (``("error", message)``: could not start);
-  ``("offer", source, headers, path, body, answer, event id)``: an event request that
+  ``("offer", source, headers, path, body, answer, event id, draw)``: an event request that
   may be sampled, unparsed (about 1 in 100 at a 1% sampling rate); ``answer`` is the
   upstream's ``(body, headers)`` or None; the main process parses and offers it;
   ``("reject", source, reason)``: an event request counted ``rejected`` in the child;
@@ -103,7 +103,7 @@ class Relay:
         if not self.writer.is_closing():
             self.writer.write(frame(message))
 
-    def offer(  # noqa: PLR0917  (the relay callback: six positional)
+    def offer(  # noqa: PLR0917  (the relay callback: seven positional)
         self,
         source: str,
         headers: HeaderView,
@@ -111,6 +111,7 @@ class Relay:
         raw: bytes,
         answer: tuple[bytes, HeaderView] | None,
         rid: str | None,
+        draw: float | None,
     ) -> None:
         """:data:`~.intake.RelayCallback`: the event request goes to the main process."""
         if self.writer.transport.get_write_buffer_size() > MAX_PENDING_BYTES:
@@ -118,7 +119,7 @@ class Relay:
             self.decisions[key] = self.decisions.get(key, 0) + 1
             return
         shipped = None if answer is None else (bytes(answer[0]), answer[1].raw)
-        self._send(("offer", source, headers.raw, path, bytes(raw), shipped, rid))
+        self._send(("offer", source, headers.raw, path, bytes(raw), shipped, rid, draw))
 
     def reject(self, source: str, reason: str) -> None:
         """:data:`~.intake.RejectCallback`: counted ``rejected`` by the main process."""

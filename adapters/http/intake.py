@@ -8,8 +8,13 @@ task, the task follows from the body's ``model``; the fast path then skips the r
 only when it would be skipped whatever its model (``task=None``). Only a request that
 may be sampled is parsed (msgspec) and offered to the sink, which decides again.
 
-Item ids come from ``X-Request-Id`` when present (at most 256 characters), else 128
-random bits in hex (32 characters, as a uuid4's hex).
+Item ids come from ``X-Request-Id`` when present (at most 256 characters), and such an
+event is sampled by the hash of (task, id), as everywhere. A request without one (or
+with an empty or longer one) can never be seen again: it gets a uniform *draw* instead
+(:func:`event_key`), is sampled when the draw is under its task's rate, and only a
+sampled one gets an id made up here, 128 random bits in hex (32 characters, as a uuid4's
+hex). A draw at or above every task's rate (``max_rate``) is skipped at once, without
+resolving the task: most of a busy port's requests cost one random number.
 Reject reasons are short fixed strings or the message of an
 :class:`~monitor.core.errors.InputError`; neither ever holds prompt text. Nothing here
 raises: whatever fails is counted once, through the exchange's ``count``.
@@ -17,6 +22,7 @@ raises: whatever fails is counted once, through the exchange's ``count``.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import random
 from collections.abc import Callable, Iterator, Mapping
@@ -29,6 +35,7 @@ from adapters.http import messages
 from monitor.core.errors import InputError
 from monitor.core.events import TrafficEvent, event_from_request, is_text, parse_event
 from monitor.core.failures import internal_error, raised_at
+from monitor.core.sampler import SampleKey
 from monitor.engine.ports import EventSink
 
 __all__ = [
@@ -39,6 +46,7 @@ __all__ = [
     "RelayCallback",
     "SkipCallback",
     "TaskResolver",
+    "event_key",
     "header_request_id",
     "request_id",
 ]
@@ -49,24 +57,37 @@ TaskResolver = Callable[[Mapping[str, str], str, Mapping[str, Any]], str | None]
 RejectCallback = Callable[[str, str], None]
 """``reject(source, reason)`` for malformed traffic (counted in metrics)."""
 
-SkipCallback = Callable[[str, str | None, str], bool]
-"""``skip(source, task or None, event id) -> True`` (counted ``skipped``) when the event
-would not be sampled; ``task=None``: whatever the model its body names."""
+SkipCallback = Callable[[str, str | None, SampleKey], bool]
+"""``skip(source, task or None, key) -> True`` (counted ``skipped``) when the event would
+not be sampled; ``key``: the event's id, or its draw (:func:`event_key`); ``task=None``:
+whatever the model its body names."""
 
 RelayCallback = Callable[
-    [str, "HeaderView", str, bytes, "tuple[bytes, HeaderView] | None", "str | None"], None
+    [
+        str,
+        "HeaderView",
+        str,
+        bytes,
+        "tuple[bytes, HeaderView] | None",
+        "str | None",
+        "float | None",
+    ],
+    None,
 ]
-"""``relay(source, headers, path, body, answer, event id)``: an event request handed on
-unparsed, to be offered by another process (the traffic data plane's own process sends
-it to the main one, where :meth:`Intake.offer` runs); it must not raise."""
+"""``relay(source, headers, path, body, answer, event id, draw)``: an event request
+handed on unparsed, to be offered by another process (the traffic data plane's own
+process sends it to the main one, where :meth:`Intake.offer` runs); it must not raise."""
 
 MAX_REQUEST_ID = 256
 _log = structlog.get_logger(__name__)
 _decode = msgspec.json.Decoder().decode
 _EMPTY: Mapping[str, Any] = {}
-# A random item id for a request without X-Request-Id: 128 bits from a generator seeded
-# by the OS at start (unique ids, not secrets; no system call per request as uuid4 makes).
-_random_bits = random.Random().getrandbits
+# A request without X-Request-Id: its draw, and, when sampled, a random item id of 128
+# bits, from a generator seeded by the OS at start (unique ids, not secrets; no system
+# call per request as uuid4 makes).
+_random = random.Random()
+_random_bits = _random.getrandbits
+_draw = _random.random
 
 
 @functools.lru_cache(maxsize=64)
@@ -126,6 +147,21 @@ def request_id(raw: bytes | None) -> str | None:
     return _random_bits(128).to_bytes(16, "little").hex()  # what randbytes(16) does
 
 
+def event_key(raw: bytes | None) -> tuple[str | None, float | None]:
+    """A request's event id and sampling draw, from its ``X-Request-Id`` (stripped):
+    ``(id, None)`` with a usable one, sampled by hash; ``(None, draw)`` without one (or
+    an empty or longer one), its id made up only if it is sampled
+    (:meth:`Intake.offer`); ``(None, None)`` when it is not UTF-8 (rejected when
+    parsed)."""
+    if raw is not None:
+        rid = raw.strip().decode("utf-8", "surrogateescape")
+        if not is_text(rid):
+            return None, None
+        if 0 < len(rid) <= MAX_REQUEST_ID:
+            return rid, None
+    return None, _draw()
+
+
 def header_request_id(headers: list[tuple[bytes, bytes]]) -> str | None:
     """:func:`request_id` of a request's raw headers."""
     for name, value in headers:
@@ -146,6 +182,7 @@ class Intake:
         task_resolver: TaskResolver,
         skip: SkipCallback | None,
         relay: RelayCallback | None = None,
+        max_rate: float = 1.0,
     ) -> None:
         self.source = source
         self.sink = sink
@@ -153,12 +190,33 @@ class Intake:
         self.task_resolver = task_resolver
         self.skip = skip
         self.relay = relay
+        self.max_rate = max_rate
+        """The highest sampling rate of any task (:func:`event_key`'s draws)."""
 
-    def skipped(self, headers: HeaderView, path: str, rid: str | None) -> bool:
-        """The fast path: True when the service skipped the event (already counted)."""
-        if self.skip is None or rid is None:
+    def skipped_at_once(self, draw: float) -> bool:
+        """The fast path for a request without an id of its own: True (counted by the
+        skip) when its draw is at or above every task's rate, whatever its task."""
+        return (
+            draw >= self.max_rate and self.skip is not None and self.skip(self.source, None, draw)
+        )
+
+    def skipped(
+        self, headers: HeaderView, path: str, rid: str | None, draw: float | None = None
+    ) -> bool:
+        """The fast path: True when the service skipped the event (already counted).
+        ``rid``, ``draw``: :func:`event_key`'s."""
+        if self.skip is None:
             return False
-        return self.skip(self.source, self.task_resolver(headers, path, _EMPTY), rid)
+        key: SampleKey
+        if draw is not None:
+            if self.skipped_at_once(draw):
+                return True
+            key = draw
+        elif rid is not None:
+            key = rid
+        else:
+            return False  # not UTF-8: parsed and rejected
+        return self.skip(self.source, self.task_resolver(headers, path, _EMPTY), key)
 
     def offer(
         self,
@@ -169,16 +227,20 @@ class Intake:
         *,
         answer: tuple[bytes, HeaderView] | None,
         rid: str | None,
+        draw: float | None = None,
     ) -> None:
         """Parse, build the event (with the answer's text from the upstream's ``answer``
         body and headers) and offer it; never raises: whatever fails is ``count``-ed.
+        ``rid``, ``draw``: :func:`event_key`'s (an event with a draw gets its id here).
         With a ``relay``, the request is handed to it as it is instead."""
+        if draw is not None and rid is None:
+            rid = request_id(None)
         if self.relay is not None:
-            self.relay(self.source, headers, path, raw, answer, rid)
+            self.relay(self.source, headers, path, raw, answer, rid, draw)
             return
         try:
             text = None if answer is None else messages.answer_text(*answer)
-            event = self.event(headers, path, raw, text, rid)
+            event = self.event(headers, path, raw, text, rid, draw)
             self.sink(event, self.source)  # the sink counts its decision last: nothing twice
         except InputError as exc:
             count(str(exc))
@@ -187,8 +249,14 @@ class Intake:
             _log.error("traffic_event_failed", source=self.source, error=reason, at=raised_at(exc))
             count(reason)
 
-    def event(
-        self, headers: HeaderView, path: str, raw: bytes, text: str | None, rid: str | None
+    def event(  # noqa: PLR0917  (the relayed request's fields)
+        self,
+        headers: HeaderView,
+        path: str,
+        raw: bytes,
+        text: str | None,
+        rid: str | None,
+        draw: float | None = None,
     ) -> TrafficEvent:
         plain = messages.decoded(raw, headers.get("Content-Encoding", ""))
         if plain is None:
@@ -204,8 +272,10 @@ class Intake:
             raise InputError("X-Request-Id is not valid UTF-8")
         task = self.task_resolver(headers, path, body)
         if logged is None:
-            return event_from_request(rid, body, task=task, response_text=text)
-        return parse_event(
-            {"id": rid, "model": body.get("model"), "task": task, "request": body}
-            | {"response": logged}
-        )
+            event = event_from_request(rid, body, task=task, response_text=text)
+        else:
+            event = parse_event(
+                {"id": rid, "model": body.get("model"), "task": task, "request": body}
+                | {"response": logged}
+            )
+        return event if draw is None else dataclasses.replace(event, draw=draw)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import structlog
 
 from adapters.http.exchange import ExchangeGuard
-from adapters.http.intake import HeaderView, Intake, request_id
+from adapters.http.intake import HeaderView, Intake, event_key
 from adapters.http.proxy import event_guard, expect_answered, target_path
 from adapters.http.request import Request, read_prefix
 from adapters.http.wire import ServerConnection, error_response, http_date
@@ -76,7 +76,10 @@ class Mirror:
             return
         guard.started = True
         client.write(_accepted())  # the mirror has its answer before any parsing
-        headers, rid = HeaderView(req.headers), request_id(req.request_id)
+        rid, draw = event_key(req.request_id)
+        if draw is not None and self.intake.skipped_at_once(draw):
+            return  # most requests, at the cost of one random number
+        headers = HeaderView(req.headers)
         path = target_path(req.target)
-        if not self.intake.skipped(headers, path, rid):
-            self.intake.offer(guard.count, headers, path, body, answer=None, rid=rid)
+        if not self.intake.skipped(headers, path, rid, draw):
+            self.intake.offer(guard.count, headers, path, body, answer=None, rid=rid, draw=draw)

@@ -29,7 +29,7 @@ from collections.abc import Awaitable
 import structlog
 
 from adapters.http.exchange import ExchangeGuard, Forwarding, ProxyExchange
-from adapters.http.intake import HeaderView, Intake, request_id
+from adapters.http.intake import HeaderView, Intake, event_key
 from adapters.http.request import Request, read_prefix
 from adapters.http.wire import ServerConnection, error_response
 from monitor.core.failures import internal_error, raised_at
@@ -200,10 +200,19 @@ class Proxy:
             exchange.guard.count("oversize response")
             return
         req = exchange.req
-        headers, rid = HeaderView(req.headers), request_id(req.request_id)
+        rid, draw = event_key(req.request_id)
+        if draw is not None and self.intake.skipped_at_once(draw):
+            return  # most requests, at the cost of one random number
+        headers = HeaderView(req.headers)
         path = target_path(req.target)
-        if not self.intake.skipped(headers, path, rid):
+        if not self.intake.skipped(headers, path, rid, draw):
             answer = exchange.answer()
             self.intake.offer(
-                exchange.guard.count, headers, path, exchange.body, answer=answer, rid=rid
+                exchange.guard.count,
+                headers,
+                path,
+                exchange.body,
+                answer=answer,
+                rid=rid,
+                draw=draw,
             )

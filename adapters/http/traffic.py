@@ -97,7 +97,9 @@ class TrafficServer:
     the proxy's own (:class:`.proxy_metrics.ProxyMetrics`), on a private registry if
     none is given. ``relay``: an event request is handed to it unparsed instead of
     being offered (:mod:`.dataplane`). ``sock``: listen on this bound socket instead of
-    binding ``host:port``.
+    binding ``host:port``. ``max_sampling_rate``: the highest rate of any task; a request
+    without ``X-Request-Id`` whose draw is at or above it is skipped without resolving
+    its task (:mod:`.intake`).
     """
 
     def __init__(
@@ -119,6 +121,7 @@ class TrafficServer:
         metrics: ProxyMetrics | None = None,
         relay: RelayCallback | None = None,
         sock: socket.socket | None = None,
+        max_sampling_rate: float = 1.0,
     ) -> None:
         if mode not in ("mirror", "proxy"):
             raise ConfigError(f"traffic mode must be 'mirror' or 'proxy', not {mode!r}")
@@ -130,7 +133,13 @@ class TrafficServer:
         if upstream_max_connections < 1:
             raise ConfigError("upstream_max_connections must be at least 1")
         self._intake = Intake(
-            mode, sink=sink, reject=reject, task_resolver=task_resolver, skip=skip, relay=relay
+            mode,
+            sink=sink,
+            reject=reject,
+            task_resolver=task_resolver,
+            skip=skip,
+            relay=relay,
+            max_rate=max_sampling_rate,
         )
         self._sock = sock
         self._mode = mode

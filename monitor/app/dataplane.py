@@ -80,6 +80,8 @@ def listener_options(settings: Settings) -> dict[str, Any]:
         "upstream_timeout_s": traffic.upstream_read_timeout_s,
         "upstream_connect_timeout_s": traffic.upstream_connect_timeout_s,
         "upstream_max_connections": traffic.upstream_pool_size,
+        # A request without X-Request-Id whose draw is over it: skipped at once.
+        "max_sampling_rate": max((t.sampling_rate for t in settings.tasks), default=0.0),
     }
 
 
@@ -118,13 +120,14 @@ async def start_data_plane(
         skip=None,
     )
 
-    def on_offer(  # noqa: PLR0917  (the relay callback: six positional)
+    def on_offer(  # noqa: PLR0917  (the relay callback: seven positional)
         source: str,
         headers: list[tuple[bytes, bytes]],
         path: str,
         raw: bytes,
         answer: tuple[bytes, list[tuple[bytes, bytes]]] | None,
         rid: str | None,
+        draw: float | None,
     ) -> None:
         intake.offer(
             functools.partial(service.reject, source),
@@ -133,6 +136,7 @@ async def start_data_plane(
             raw,
             answer=None if answer is None else (answer[0], HeaderView(answer[1])),
             rid=rid,
+            draw=draw,
         )
 
     def on_counts(decisions: dict[tuple[str, str], int], proxy: Any) -> None:

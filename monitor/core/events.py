@@ -50,6 +50,11 @@ class TrafficEvent:
     task: str | None = None
     ts: datetime | None = None
     response_text: str | None = None
+    draw: float | None = None
+    """The sampling draw, uniform in [0, 1), of an event whose id the traffic port made
+    up (the request had no ``X-Request-Id`` of its own): it is sampled when the draw is
+    under its task's rate. None: sampled by the hash of (task, id), the same way
+    everywhere (:mod:`monitor.core.sampler`). Never read from an event's JSON."""
 
 
 def _reject(reason: str) -> InputError:

@@ -2,7 +2,12 @@
 
 Sampling is a deterministic hash of (task, event id): the same event is sampled the same
 way by every replica and after a restart, and a Kafka replay does not re-sample
-differently. The budget is a token bucket of model calls per minute: an item reserves
+differently. An event with no id of its own (a mirrored or proxied request without
+``X-Request-Id``, whose id relmon makes up) can never be seen again: it is sampled by a
+fresh uniform draw instead (its *key* is that float), which the traffic port makes
+without hashing or resolving the task of the 99 % it skips.
+
+The budget is a token bucket of model calls per minute: an item reserves
 its worst case (K_max calls) when admitted and gets back what it did not use, so the
 budget is never exceeded and admission never waits. :meth:`CallBudget.utilization` is
 the share of the per-minute budget in use: calls made in the last minute plus the calls
@@ -16,7 +21,10 @@ from collections import deque
 
 from monitor.core.errors import ConfigError
 
-__all__ = ["CallBudget", "hash_fraction", "sampled"]
+__all__ = ["CallBudget", "SampleKey", "hash_fraction", "sampled"]
+
+SampleKey = str | float
+"""What an event is sampled by: its id (hashed with the task), or its draw in [0, 1)."""
 
 
 def hash_fraction(task: str, item_id: str) -> float:
@@ -25,8 +33,11 @@ def hash_fraction(task: str, item_id: str) -> float:
     return int.from_bytes(digest[:8], "big") / 2.0**64
 
 
-def sampled(task: str, item_id: str, rate: float) -> bool:
-    return hash_fraction(task, item_id) < rate
+def sampled(task: str, key: SampleKey, rate: float) -> bool:
+    """Whether an event of ``task`` with this key (its id, or its draw) is sampled."""
+    if isinstance(key, float):
+        return key < rate
+    return hash_fraction(task, key) < rate
 
 
 class CallBudget:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import structlog
 
 from monitor.core.events import TrafficEvent
-from monitor.core.sampler import CallBudget, sampled
+from monitor.core.sampler import CallBudget, SampleKey, sampled
 from monitor.engine.metrics import Metrics
 from monitor.engine.ports import Admission, CalibrationStore, Clock
 from monitor.engine.routing import TaskRouter
@@ -65,7 +65,8 @@ class AdmissionControl:
     def offer(self, event: TrafficEvent, source: str, *, wait: bool = False) -> Admission:
         """Admit or not; never blocks, never raises for a bad event (see the module)."""
         task = self.router.resolve(event)
-        if task is None or not sampled(task.name, event.id, task.settings.sampling_rate):
+        by = event.id if event.draw is None else event.draw  # the sampling key
+        if task is None or not sampled(task.name, by, task.settings.sampling_rate):
             self.count(source, "skipped")
             return Admission("skipped")
         key = item_id(task.name, event.id)
@@ -108,10 +109,11 @@ class AdmissionControl:
         self.count(source, "skipped")
         return True
 
-    def skip_by_head(self, source: str, task_name: str | None, event_id: str) -> bool:
-        """The traffic port's fast path, decided from a request's head
-        (:meth:`TaskRouter.unsampled_by_head`), counted ``skipped`` when True."""
-        if not self.router.unsampled_by_head(task_name, event_id):
+    def skip_by_head(self, source: str, task_name: str | None, key: SampleKey) -> bool:
+        """The traffic port's fast path, decided from a request's head and the event's
+        sampling key, its id or its draw (:meth:`TaskRouter.unsampled_by_head`), counted
+        ``skipped`` when True."""
+        if not self.router.unsampled_by_head(task_name, key):
             return False
         self.count(source, "skipped")
         return True

@@ -11,7 +11,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from monitor.config import TaskSettings
 from monitor.core.events import TrafficEvent
-from monitor.core.sampler import sampled
+from monitor.core.sampler import SampleKey, sampled
 
 __all__ = ["HeadSkip", "HeaderTaskResolver", "Routed", "RoutedTask", "TaskRouter"]
 
@@ -70,6 +70,8 @@ class TaskRouter(Generic[T]):
         if self._catch_all is not None:
             candidates.append(self._catch_all)
         self.candidate_rates = [(t.name, t.settings.sampling_rate) for t in candidates]
+        # The highest rate of any task: a draw at or above it is skipped, whatever the task.
+        self.max_rate = max((t.settings.sampling_rate for t in tasks.values()), default=0.0)
         # The match rules as lookups, the first task in order winning each.
         self._by_header: dict[str, str] = {}
         self._by_model: dict[str, T] = {}
@@ -96,23 +98,26 @@ class TaskRouter(Generic[T]):
         task = self._by_model.get(model) if model is not None else None
         return task if task is not None else self._catch_all
 
-    def unsampled(self, task_name: str | None, model: str | None, event_id: str) -> bool:
-        """Whether an event with these fields is skipped: no task, or not hash-sampled."""
+    def unsampled(self, task_name: str | None, model: str | None, key: SampleKey) -> bool:
+        """Whether an event with these fields and sampling key (its id, or its draw) is
+        skipped: no task, or not sampled."""
         task = self.resolve_fields(task_name, model)
-        return task is None or not sampled(task.name, event_id, task.settings.sampling_rate)
+        return task is None or not sampled(task.name, key, task.settings.sampling_rate)
 
-    def unsampled_any_model(self, event_id: str) -> bool:
+    def unsampled_any_model(self, key: SampleKey) -> bool:
         """Whether an event whose task follows from its model (not yet read) is skipped
         whatever that model: not sampled by any task a model can select (those matched
         by model, and the catch-all task)."""
-        return all(not sampled(name, event_id, rate) for name, rate in self.candidate_rates)
+        return all(not sampled(name, key, rate) for name, rate in self.candidate_rates)
 
-    def unsampled_by_head(self, task_name: str | None, event_id: str) -> bool:
+    def unsampled_by_head(self, task_name: str | None, key: SampleKey) -> bool:
         """The traffic port's fast path, from a request's head: by its task when the
         head names one, else whatever its model."""
+        if isinstance(key, float) and key >= self.max_rate:  # not sampled by any task
+            return True
         if task_name is not None:
-            return self.unsampled(task_name, None, event_id)
-        return self.unsampled_any_model(event_id)
+            return self.unsampled(task_name, None, key)
+        return self.unsampled_any_model(key)
 
     def resolve_name(
         self, headers: Mapping[str, str], path: str, body: Mapping[str, Any], header_name: str
@@ -157,8 +162,8 @@ class HeadSkip:
         self.router = router
         self.counts: dict[str, int] = {}
 
-    def __call__(self, source: str, task_name: str | None, event_id: str) -> bool:
-        if not self.router.unsampled_by_head(task_name, event_id):
+    def __call__(self, source: str, task_name: str | None, key: SampleKey) -> bool:
+        if not self.router.unsampled_by_head(task_name, key):
             return False
         counts = self.counts
         counts[source] = counts.get(source, 0) + 1

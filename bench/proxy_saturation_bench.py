@@ -63,6 +63,8 @@ from monitor.engine.routing import HeaderTaskResolver, HeadSkip, RoutedTask, Tas
 
 TARGETS = ("direct", "relmon", "nginx")
 PROXIES = ("relmon", "nginx")
+OTHERS = ("before", "lean", "plane")
+"""The targets measured beside relmon and nginx when asked (each against nginx too)."""
 _SYSTEM = "You are a careful assistant. Answer with one number and nothing else. " * 18
 REQUEST = json.dumps(
     {
@@ -260,7 +262,7 @@ def _summarize(latency: list[dict[str, Any]], saturation: list[dict[str, Any]]) 
         "requests_per_s": rs["requests_per_s"] / ns["requests_per_s"],
         "cpu_per_request": rs["cpu_s_per_10k"] / ns["cpu_s_per_10k"],
     }
-    for other in ("before", "lean", "plane"):  # also against nginx, in the same run
+    for other in OTHERS:  # also against nginx, in the same run
         if other in targets:
             oa, os_ = out["latency"][f"{other}_added"], out["saturation"][other]
             out[f"{other}_ratios"] = {
@@ -479,28 +481,26 @@ def main() -> None:
     report = run(args)
     if args.json:
         benchlib.write_json(report, args.json)
-    lat, sat, x = report["latency"], report["saturation"], report["ratios"]
+    lat, sat = report["latency"], report["saturation"]
     for t in sat:
         a, s = lat[f"{t}_added"], sat[t]
         print(
             f"{t:>6}: added p50 +{a['p50_ms']:.3f} ms p99 +{a['p99_ms']:.3f} ms | "
             f"{s['requests_per_s']:,.0f} req/s | {s['cpu_s_per_10k']:.2f} CPU-s per 10k"
         )
-    print(
-        "relmon/nginx: added p50 "
-        + (f"x{x['added_p50']:.2f}" if x["added_p50"] is not None else "n/a")
-        + ", added p99 "
-        + (f"x{x['added_p99']:.2f}" if x["added_p99"] is not None else "n/a")
-        + f", req/s x{x['requests_per_s']:.2f}, CPU per request x{x['cpu_per_request']:.2f}"
-    )
-    for other in ("before", "lean", "plane"):
-        if f"{other}_ratios" in report:
-            y = report[f"{other}_ratios"]
+    for name, key in (("relmon", "ratios"), *((o, f"{o}_ratios") for o in OTHERS)):
+        if key in report:
+            y = report[key]
             print(
-                f"{other:>6}/nginx: added p50 x{y['added_p50']:.2f}, added p99 "
-                f"x{y['added_p99']:.2f}, req/s x{y['requests_per_s']:.2f}, "
+                f"{name:>6}/nginx: added p50 {_times(y['added_p50'])}, added p99 "
+                f"{_times(y['added_p99'])}, req/s x{y['requests_per_s']:.2f}, "
                 f"CPU per request x{y['cpu_per_request']:.2f}"
             )
+
+
+def _times(ratio: float | None) -> str:
+    """A ratio as printed; n/a when nginx added nothing measurable (a noisy short run)."""
+    return "n/a" if ratio is None else f"x{ratio:.2f}"
 
 
 if __name__ == "__main__":

@@ -66,8 +66,9 @@ class Forwarding:
         self.metrics = metrics
 
 
-def request_head(req: Request, fwd: Forwarding) -> bytes:
-    """The request line and headers sent upstream (framing kept, hop-by-hop dropped)."""
+def request_head(req: Request, fwd: Forwarding, body: bytes = b"") -> bytes:
+    """The request line and headers sent upstream (framing kept, hop-by-hop dropped),
+    and ``body`` after them (joined in the same copy)."""
     parts = [req.method, b" ", fwd.prefix, req.target, b" HTTP/1.1\r\n", fwd.host_line]
     named = _named(req.connection) - _PLAIN_CONNECTION if req.connection else None
     if named:  # rare: headers the Connection header makes hop-by-hop
@@ -80,6 +81,8 @@ def request_head(req: Request, fwd: Forwarding) -> bytes:
     if req.chunked:
         parts.append(b"Transfer-Encoding: chunked\r\n")
     parts.append(b"\r\n")
+    if body:
+        parts.append(body)
     return b"".join(parts)
 
 
@@ -167,10 +170,9 @@ class ProxyExchange(Exchange):
         self.body = body
         self.conn = conn
         self.client.on_pause = conn.pause
-        head = request_head(req, self.fwd)
         if req.chunked:
             body = _chunk(body) + b"0\r\n\r\n" if body else b"0\r\n\r\n"
-        conn.send(self, req.method == b"HEAD", head + body)
+        conn.send(self, req.method == b"HEAD", request_head(req, self.fwd, body))
         self.sent_at = perf_counter()
 
     async def run(self, body: bytes, complete: bool, *, retry: bool = False) -> str | None:
@@ -241,8 +243,9 @@ class ProxyExchange(Exchange):
         chunked = self.req.chunked
         conn.start(self, self.req.method == b"HEAD")
         self.client.on_pause = conn.pause
-        head = request_head(self.req, self.fwd)
-        conn.write(head + (_chunk(prefix) if chunked and prefix else prefix))
+        conn.write(
+            request_head(self.req, self.fwd, _chunk(prefix) if chunked and prefix else prefix)
+        )
         while True:
             try:
                 chunk = await self.req.body.read()

@@ -55,7 +55,8 @@ class AdmissionControl:
 
     def count(self, source: str, decision: str) -> None:
         self.metrics.traffic_events.add(source, decision, 1)  # plain ints: no lock, no labels()
-        self.stats.by_decision[decision] += 1
+        by_decision = self.stats.by_decision
+        by_decision[decision] = by_decision.get(decision, 0) + 1
 
     def reject(self, source: str, reason: str) -> None:
         """A malformed event a source could not parse (already dead-lettered by it)."""
@@ -122,7 +123,8 @@ class AdmissionControl:
         """``n`` events of ``source`` decided ``decision`` elsewhere (the traffic data
         plane's process counts its skipped events and sends the sums)."""
         self.metrics.traffic_events.add(source, decision, n)
-        self.stats.by_decision[decision] += n
+        by_decision = self.stats.by_decision
+        by_decision[decision] = by_decision.get(decision, 0) + n
 
     def _no_room(self, source: str, wait: bool) -> Admission:
         if wait:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +21,7 @@ from monitor.core.judging import DEFAULT_JUDGE_TEMPLATE
 from monitor.core.priority import prioritised_inclusion_probability
 from monitor.core.reask import ReaskPolicy
 from monitor.core.stopping import StoppingRule
+from monitor.engine.metrics import TRAFFIC_DECISIONS
 from monitor.engine.ports import ModelClient
 
 __all__ = ["Job", "ServiceStats", "TaskRuntime", "item_id", "item_seed_key"]
@@ -133,4 +133,6 @@ class ServiceStats:
     reviewed: int = 0
     verdicts: int = 0
     calls: int = 0
-    by_decision: Counter[str] = field(default_factory=Counter)
+    by_decision: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TRAFFIC_DECISIONS, 0))
+    """Events by decision, every decision from 0 (a plain dict: the traffic port's fast
+    path adds to it for most requests)."""

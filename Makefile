@@ -110,8 +110,9 @@ bench: $(COMPILE_STAMP)
 	$(BIN)/python bench/report.py --begin
 	$(BIN)/python bench/mirror_bench.py --json bench/results/mirror.json
 	$(BIN)/python bench/proxy_latency_bench.py --json bench/results/proxy.json
-	$(BIN)/python bench/proxy_saturation_bench.py --upstream nginx --with-lean --plain-baseline --json bench/results/proxy_saturation.json
+	$(BIN)/python bench/proxy_saturation_bench.py --upstream nginx --with-lean --with-data-plane --plain-baseline --json bench/results/proxy_saturation.json
 	$(BIN)/python bench/proxy_saturation_bench.py --data-plane uvloop --upstream nginx --with-lean --plain-baseline --json bench/results/proxy_data_plane.json
+	$(BIN)/python bench/dataplane_cpu_bench.py --json bench/results/dataplane_cpu.json
 	$(BIN)/python bench/model_client_bench.py --json bench/results/model_client.json
 	$(BIN)/python bench/isolation_bench.py --json bench/results/isolation.json
 	$(BIN)/python bench/stopping_bench.py --json bench/results/stopping.json

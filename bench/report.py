@@ -26,6 +26,7 @@ SECTIONS = (
     "proxy",
     "proxy_saturation",
     "proxy_data_plane",
+    "dataplane_cpu",
     "model_client",
     "isolation",
     "stopping",
@@ -281,6 +282,9 @@ def _same_run(doc: dict[str, Any]) -> list[str]:
         rows.append(_target_row(label, doc, "before"))
     if "lean_ratios" in doc:
         rows.append(_target_row("`bench/lean_proxy.py`, the leanest Python proxy", doc, "lean"))
+    if "plane_ratios" in doc:
+        label = "relmon's data plane alone (`relmon run`'s fast path, no service)"
+        rows.append(_target_row(label, doc, "plane"))
     return _table(_SAT_HEADER, rows)
 
 
@@ -609,6 +613,35 @@ def core(doc: dict[str, Any]) -> list[str]:
     return [*out, "", "Reproduce: `.venv/bin/python bench/core_bench.py`", ""]
 
 
+def dataplane_cpu(doc: dict[str, Any]) -> list[str]:
+    labels = {
+        "relmon": "relmon, a request without `X-Request-Id` (sampled by a draw)",
+        "relmon_with_id": "relmon, a request with `X-Request-Id` (hashed with the task)",
+        "relmon_not_event": "relmon, a `POST` to another path (no sampling)",
+        "lean": "`bench/lean_proxy.py` (baseline)",
+    }
+    rows = [
+        [labels.get(name, name), f"{us:.2f}", _x(doc["vs_lean"][name])]
+        for name, us in doc["us_per_request"].items()
+    ]
+    built = ", compiled" if doc.get("compiled") else ", plain Python"
+    return [
+        "### The data plane's Python per request, without sockets",
+        "",
+        f"relmon's traffic listener in proxy mode (`relmon run`'s fast path, 1% sampled{built}) "
+        "and `bench/lean_proxy.py`'s protocols in one process, fed a chat request's bytes "
+        "and then nginx's answer through transports that only count writes: the Python a "
+        "request costs, with no system call. "
+        f"{doc['requests']:,} requests a repeat, medians of {doc['repeats']} repeats, the "
+        f"targets interleaved. {_ran(doc)}",
+        "",
+        *_table(["request", "µs per request", "vs lean"], rows),
+        "",
+        "Reproduce: `.venv/bin/python bench/dataplane_cpu_bench.py`",
+        "",
+    ]
+
+
 def model_client(doc: dict[str, Any]) -> list[str]:
     labels = {
         "relmon": "relmon's model client (`OpenAIClient`)"
@@ -905,6 +938,8 @@ def render(docs: dict[str, dict[str, Any]]) -> str:
             lines += proxy_saturation(docs["proxy_saturation"])
         if name == "proxy" and "proxy_data_plane" in docs:
             lines += proxy_data_plane(docs["proxy_data_plane"])
+        if name == "proxy" and "dataplane_cpu" in docs:
+            lines += dataplane_cpu(docs["dataplane_cpu"])
         if name == "proxy" and "model_client" in docs:
             lines += model_client(docs["model_client"])
         if name == "proxy" and "isolation" in docs:

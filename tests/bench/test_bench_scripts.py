@@ -30,6 +30,7 @@ SCRIPTS = {
     "soak": "soak.py",
     "model_client": "model_client_bench.py",
     "isolation": "isolation_bench.py",
+    "dataplane_cpu": "dataplane_cpu_bench.py",
 }
 
 
@@ -367,6 +368,7 @@ def assert_complete(text: str) -> None:
     assert "Machine of the last `make bench` run: " in text
     assert "Not run" not in text
     assert "TrustGate" in text and "nginx" in text and "wrk" in text
+    assert "### The data plane's Python per request, without sockets" in text
 
 
 def test_results_md_is_rendered_from_the_committed_results(tmp_path: Path) -> None:
@@ -383,3 +385,35 @@ def test_results_md_is_rendered_from_the_committed_results(tmp_path: Path) -> No
     assert "## 8. Shared store: 3 replicas on PostgreSQL" in text
     assert "smoke run" not in text
     assert text == (BENCH / "RESULTS.md").read_text(), "run bench/report.py and commit"
+
+
+@pytest.mark.timeout(900)
+def test_dataplane_cpu_bench(quick: tuple[Path, dict[str, str | None]]) -> None:
+    """Every target relayed every request (the script checks each answer and counts
+    them); the figures are per request and against the lean proxy's of the same run;
+    the report renders them in section 2."""
+    doc = doc_of(quick, "dataplane_cpu")
+    us = doc["us_per_request"]
+    assert set(us) == {"relmon", "relmon_with_id", "relmon_not_event", "lean"}
+    assert all(positive(v) for v in us.values())
+    for name, ratio in doc["vs_lean"].items():
+        assert ratio == pytest.approx(us[name] / us["lean"])
+    assert doc["compiled"] == any((ROOT / "adapters" / "http").glob("wire.*.so"))
+
+
+def test_report_shows_the_data_plane_alone_beside_the_whole_proxy(tmp_path: Path) -> None:
+    """A wrk run with ``--with-data-plane`` (the committed one): section 2 shows the data
+    plane alone as a row of the same run's table, with the run's own ratio."""
+    doc = json.loads((ROOT / "bench" / "results" / "proxy_saturation.json").read_text())
+    assert "plane_ratios" in doc
+    (tmp_path / "proxy_saturation.json").write_text(json.dumps(doc))
+    out = tmp_path / "RESULTS.md"
+    subprocess.run(
+        [sys.executable, str(BENCH / "report.py"), "--results", str(tmp_path), "--out", str(out)],
+        check=True,
+        timeout=60,
+    )
+    row = next(
+        line for line in out.read_text().splitlines() if "data plane alone (`relmon run`" in line
+    )
+    assert f"×{doc['plane_ratios']['requests_per_s']:.2f}" in row

@@ -23,7 +23,6 @@ raises: whatever fails is counted once, through the exchange's ``count``.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import random
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -90,10 +89,18 @@ _random_bits = _random.getrandbits
 _draw = _random.random
 
 
-@functools.lru_cache(maxsize=64)
+_WANTED: dict[str, bytes] = {}
+
+
 def _wanted(key: str) -> bytes:
-    """A header name as the raw bytes it is compared with (the few names asked, cached)."""
-    return key.lower().encode("latin-1", "replace")
+    """A header name as the raw bytes it is compared with (the few names asked, up to 64
+    remembered: a dict lookup, where an lru_cache call cost a proxied request more)."""
+    want = _WANTED.get(key)
+    if want is None:
+        want = key.lower().encode("latin-1", "replace")
+        if len(_WANTED) < 64:
+            _WANTED[key] = want
+    return want
 
 
 class HeaderView(Mapping[str, str]):
@@ -154,9 +161,12 @@ def event_key(raw: bytes | None) -> tuple[str | None, float | None]:
     (:meth:`Intake.offer`); ``(None, None)`` when it is not UTF-8 (rejected when
     parsed)."""
     if raw is not None:
-        rid = raw.strip().decode("utf-8", "surrogateescape")
-        if not is_text(rid):
-            return None, None
+        if raw.isascii():  # the usual id: valid text without checking
+            rid = raw.strip().decode("ascii")
+        else:
+            rid = raw.strip().decode("utf-8", "surrogateescape")
+            if not is_text(rid):
+                return None, None
         if 0 < len(rid) <= MAX_REQUEST_ID:
             return rid, None
     return None, _draw()

@@ -6,6 +6,7 @@ sampled requests get an id."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import math
 import random
@@ -32,11 +33,20 @@ from monitor.engine.runtime import Job, ServiceStats, TaskRuntime
 def test_event_key_uses_an_own_id_else_a_draw() -> None:
     assert event_key(b"  req-1 ") == ("req-1", None)
     assert event_key(b"\xff\xfe") == (None, None)  # not UTF-8: rejected when parsed
+    assert event_key(" é-1\t".encode()) == ("é-1", None)
     for raw in (None, b"", b"   ", b"x" * (MAX_REQUEST_ID + 1)):
         rid, draw = event_key(raw)
         assert rid is None
         assert draw is not None and 0.0 <= draw < 1.0
     assert event_key(b"x" * MAX_REQUEST_ID)[0] == "x" * MAX_REQUEST_ID
+
+
+def test_the_hash_is_sha256_of_task_and_id() -> None:
+    """Computed here with hashlib's own SHA-256: the sampler's (CPython's built-in one)
+    gives the same fraction, so an upgrade samples the same events with an id."""
+    for task, item_id in [("t", "abc"), ("arithmetic", "7f3c2a9e"), ("é", "x" * 300)]:
+        digest = hashlib.sha256(f"{task}\x00{item_id}".encode()).digest()
+        assert hash_fraction(task, item_id) == int.from_bytes(digest[:8], "big") / 2.0**64
 
 
 def test_a_draw_is_its_own_sampling_key() -> None:

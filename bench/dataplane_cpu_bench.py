@@ -32,14 +32,10 @@ import uvloop
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib
 import lean_proxy
-from proxy_saturation_bench import COMPLETION, HEADERS, REQUEST
+from proxy_saturation_bench import COMPLETION, HEADERS, REQUEST, fast_path_server
 
-from adapters.http.traffic import TrafficServer
 from adapters.http.wire import ServerConnection
 from adapters.upstream.pool import UpstreamConnection
-from monitor.config import TaskSettings
-from monitor.engine.ports import Admission
-from monitor.engine.routing import HeaderTaskResolver, HeadSkip, RoutedTask, TaskRouter
 
 ANSWER = COMPLETION.encode()
 RESPONSE = (
@@ -93,26 +89,7 @@ Step = tuple[Callable[[], None], CountingTransport]
 
 def relmon_step(request_bytes: bytes) -> Step:
     """One request through relmon's data plane (``relmon run``'s fast path, 1% sampled)."""
-    task = TaskSettings.model_validate(
-        {
-            "name": "bench",
-            "match": {"model": "bench-model"},
-            "sampling_rate": 0.01,
-            "endpoint": {"base_url": "http://127.0.0.1:9/v1", "model": "bench-model"},
-        }
-    )
-    router = TaskRouter({"bench": RoutedTask(task)})
-    server = TrafficServer(
-        sink=lambda event, source: Admission("skipped"),
-        reject=lambda source, reason: None,
-        task_resolver=HeaderTaskResolver(router, "X-Relmon-Task"),
-        mode="proxy",
-        port=0,
-        upstream_url="http://127.0.0.1:9",
-        skip=HeadSkip(router),
-        relay=lambda *handed: None,
-        max_sampling_rate=router.max_rate,
-    )
+    server = fast_path_server("http://127.0.0.1:9")
     handler, fast = server._handler()  # the listener's own, without a socket
     pool = server._pool
     assert pool is not None

@@ -387,9 +387,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
-async def _serve_data_plane(upstream_url: str) -> None:
-    """The proxy's data plane alone: relmon's TrafficServer with relmon run's fast path
-    for the bench's task (hash-sampling 1%), the sampled requests handed to nothing."""
+def fast_path_server(upstream_url: str) -> TrafficServer:
+    """relmon's TrafficServer in proxy mode on a free port, with relmon run's fast path for
+    the bench's task (sampling 1%), the sampled requests handed to nothing."""
     task = TaskSettings.model_validate(
         {
             "name": "bench",
@@ -399,7 +399,7 @@ async def _serve_data_plane(upstream_url: str) -> None:
         }
     )
     router = TaskRouter({"bench": RoutedTask(task)})
-    server = TrafficServer(
+    return TrafficServer(
         sink=lambda event, source: Admission("skipped"),
         reject=lambda source, reason: None,
         task_resolver=HeaderTaskResolver(router, "X-Relmon-Task"),
@@ -410,6 +410,11 @@ async def _serve_data_plane(upstream_url: str) -> None:
         relay=lambda *handed: None,
         max_sampling_rate=router.max_rate,
     )
+
+
+async def _serve_data_plane(upstream_url: str) -> None:
+    """The proxy's data plane alone (:func:`fast_path_server`), until SIGTERM."""
+    server = fast_path_server(upstream_url)
     await server.start()
     print(f"PORT {server.bound_port}", flush=True)
     stop = asyncio.Event()

@@ -46,7 +46,6 @@ __all__ = [
     "SkipCallback",
     "TaskResolver",
     "event_key",
-    "header_request_id",
     "request_id",
 ]
 
@@ -172,14 +171,6 @@ def event_key(raw: bytes | None) -> tuple[str | None, float | None]:
     return None, _draw()
 
 
-def header_request_id(headers: list[tuple[bytes, bytes]]) -> str | None:
-    """:func:`request_id` of a request's raw headers."""
-    for name, value in headers:
-        if name.lower() == b"x-request-id":
-            return request_id(value)
-    return request_id(None)
-
-
 class Intake:
     """Decides, parses and offers the events of one traffic source (``mirror``/``proxy``)."""
 
@@ -215,17 +206,9 @@ class Intake:
     ) -> bool:
         """The fast path: True when the service skipped the event (already counted).
         ``rid``, ``draw``: :func:`event_key`'s."""
-        if self.skip is None:
+        key: SampleKey | None = draw if draw is not None else rid
+        if self.skip is None or key is None:  # None: not UTF-8, parsed and rejected
             return False
-        key: SampleKey
-        if draw is not None:
-            if self.skipped_at_once(draw):
-                return True
-            key = draw
-        elif rid is not None:
-            key = rid
-        else:
-            return False  # not UTF-8: parsed and rejected
         return self.skip(self.source, self.task_resolver(headers, path, _EMPTY), key)
 
     def offer(

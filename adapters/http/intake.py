@@ -265,10 +265,9 @@ class Intake:
             raise InputError("X-Request-Id is not valid UTF-8")
         task = self.task_resolver(headers, path, body)
         if logged is None:
-            event = event_from_request(rid, body, task=task, response_text=text)
-        else:
-            event = parse_event(
-                {"id": rid, "model": body.get("model"), "task": task, "request": body}
-                | {"response": logged}
-            )
+            return event_from_request(rid, body, task=task, response_text=text, draw=draw)
+        event = parse_event(
+            {"id": rid, "model": body.get("model"), "task": task, "request": body}
+            | {"response": logged}
+        )
         return event if draw is None else dataclasses.replace(event, draw=draw)

@@ -8,6 +8,7 @@ import json
 import zlib
 from collections.abc import Iterable, Mapping
 
+import msgspec
 from multidict import CIMultiDict
 
 __all__ = [
@@ -20,6 +21,7 @@ __all__ = [
 ]
 
 _MAX_INFLATED_BYTES = 16 * 1_048_576
+_decode = msgspec.json.Decoder().decode
 
 # fmt: off
 HOP_BY_HOP_HEADERS = frozenset({
@@ -30,10 +32,21 @@ HOP_BY_HOP_HEADERS = frozenset({
 
 
 def json_response_text(body: bytes) -> str | None:
-    """``choices[0].message.content`` of a chat completion body, ``None`` if absent."""
+    """``choices[0].message.content`` of a chat completion body, ``None`` if absent.
+
+    Read by msgspec (the proxy reads it on its live path); what msgspec refuses and
+    Python's json reads (NaN, a lone surrogate's escape, UTF-16) is read by json, so the
+    text is the same either way."""
     try:
-        content = json.loads(body)["choices"][0]["message"]["content"]
-    except (ValueError, KeyError, IndexError, TypeError, RecursionError):
+        doc = _decode(body)
+    except (msgspec.DecodeError, RecursionError):
+        try:
+            doc = json.loads(body)
+        except (ValueError, RecursionError):
+            return None
+    try:
+        content = doc["choices"][0]["message"]["content"]
+    except (KeyError, IndexError, TypeError):
         return None
     return content if isinstance(content, str) else None
 

@@ -135,26 +135,40 @@ def parse_event(
         obj = raw
     if not isinstance(obj, dict):
         raise _reject("event is not a JSON object")
-    item_id = obj.get("id")
+    request = obj.get("request")
+    model = obj.get("model", request.get("model") if isinstance(request, dict) else None)
+    item_id, request, model, task, ts = _checked(
+        obj.get("id"), request, model, obj.get("task"), obj.get("ts")
+    )
+    return TrafficEvent(
+        id=item_id,
+        model=model,
+        request=request,
+        task=task,
+        ts=ts,
+        response_text=_response_text(obj.get("response")),
+    )
+
+
+def _checked(
+    item_id: Any, request: Any, model: Any, task: Any, ts: Any
+) -> tuple[str, dict[str, Any], str, str | None, datetime | None]:
+    """An event's fields validated, in the order their reasons are reported."""
     if isinstance(item_id, bool) or not isinstance(item_id, str | int) or str(item_id) == "":
         raise _reject("'id' must be a non-empty string")
     if not is_text(str(item_id)):
         raise _reject("'id' must be valid Unicode")
     if len(str(item_id)) > MAX_EVENT_ID_CHARS:
         raise _reject(f"'id' is over the limit of {MAX_EVENT_ID_CHARS} characters")
-    request = obj.get("request")
     if not isinstance(request, dict):
         raise _reject("'request' must be a chat request with a non-empty 'messages' list")
     _check_messages(request)
-    model = obj.get("model", request.get("model"))
     if not isinstance(model, str) or not model:
         raise _reject("'model' must be a non-empty string")
     if not is_text(model):
         raise _reject("'model' must be valid Unicode")
-    task = obj.get("task")
     if task is not None and (not is_text(task) or not task):
         raise _reject("'task' must be a non-empty string when present")
-    ts = obj.get("ts")
     parsed_ts = None
     if ts is not None:
         if not isinstance(ts, str):
@@ -163,14 +177,7 @@ def parse_event(
             parsed_ts = datetime.fromisoformat(ts.replace("Z", "+00:00"))
         except ValueError:
             raise _reject("'ts' must be an RFC 3339 timestamp") from None
-    return TrafficEvent(
-        id=str(item_id),
-        model=model,
-        request=request,
-        task=task,
-        ts=parsed_ts,
-        response_text=_response_text(obj.get("response")),
-    )
+    return str(item_id), request, model, task, parsed_ts
 
 
 def event_from_request(
@@ -179,20 +186,22 @@ def event_from_request(
     *,
     task: str | None = None,
     response_text: str | None = None,
+    draw: float | None = None,
 ) -> TrafficEvent:
-    """An event from a mirrored or proxied request body (validated like a Kafka event)."""
-    return parse_event(
-        {
-            "id": item_id,
-            "model": body.get("model"),
-            "task": task,
-            "request": dict(body),
-            **(
-                {"response": {"choices": [{"message": {"content": response_text}}]}}
-                if response_text is not None
-                else {}
-            ),
-        }
+    """An event from a mirrored or proxied request body, validated as :func:`parse_event`
+    validates ``{"id": item_id, "model": body["model"], "task": task, "request": body,
+    "response": <response_text as a chat completion>}`` (``draw``: its sampling draw),
+    without building that document: a sampled proxied request costs the live path this."""
+    item_id, request, model, task, _ = _checked(item_id, dict(body), body.get("model"), task, None)
+    if response_text is not None and not is_text(response_text):
+        raise _reject("'response' content is not a string")
+    return TrafficEvent(
+        id=item_id,
+        model=model,
+        request=request,
+        task=task,
+        response_text=response_text,
+        draw=draw,
     )
 
 

@@ -58,6 +58,7 @@ from proxy_latency_bench import start_nginx
 
 from adapters.http.traffic import TrafficServer
 from monitor.config import TaskSettings
+from monitor.config.schema import TrafficSettings
 from monitor.engine.ports import Admission
 from monitor.engine.routing import HeaderTaskResolver, HeadSkip, RoutedTask, TaskRouter
 
@@ -409,6 +410,7 @@ def fast_path_server(upstream_url: str) -> TrafficServer:
         skip=HeadSkip(router),
         relay=lambda *handed: None,
         max_sampling_rate=router.max_rate,
+        offer_batch_s=TrafficSettings.model_fields["offer_batch_s"].default,
     )
 
 

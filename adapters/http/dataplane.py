@@ -175,6 +175,7 @@ async def serve_child(
     try:
         while (message := await read_frame(reader)) is not None:
             if message[0] == "sync":
+                server.flush_offers()  # the offers waiting for their batch go first
                 relay.flush()
                 writer.write(frame(("synced", message[1])))
             elif message[0] == "stop":

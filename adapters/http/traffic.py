@@ -99,7 +99,9 @@ class TrafficServer:
     being offered (:mod:`.dataplane`). ``sock``: listen on this bound socket instead of
     binding ``host:port``. ``max_sampling_rate``: the highest rate of any task; a request
     without ``X-Request-Id`` whose draw is at or above it is skipped without resolving
-    its task (:mod:`.intake`).
+    its task (:mod:`.intake`). ``offer_batch_s``: the requests that may be sampled are
+    parsed and offered together, at most this long after the first of them
+    (:meth:`flush_offers` and :meth:`stop` do it at once); 0: each at once.
     """
 
     def __init__(
@@ -122,6 +124,7 @@ class TrafficServer:
         relay: RelayCallback | None = None,
         sock: socket.socket | None = None,
         max_sampling_rate: float = 1.0,
+        offer_batch_s: float = 0.0,
     ) -> None:
         if mode not in ("mirror", "proxy"):
             raise ConfigError(f"traffic mode must be 'mirror' or 'proxy', not {mode!r}")
@@ -132,6 +135,8 @@ class TrafficServer:
             raise ConfigError("max_body_bytes and the upstream timeouts must be positive")
         if upstream_max_connections < 1:
             raise ConfigError("upstream_max_connections must be at least 1")
+        if offer_batch_s < 0:
+            raise ConfigError("offer_batch_s must not be negative")
         self._intake = Intake(
             mode,
             sink=sink,
@@ -140,6 +145,7 @@ class TrafficServer:
             skip=skip,
             relay=relay,
             max_rate=max_sampling_rate,
+            batch_s=offer_batch_s,
         )
         self._sock = sock
         self._mode = mode
@@ -162,6 +168,10 @@ class TrafficServer:
         if self._bound_port is None:
             raise StateError("TrafficServer is not started")
         return self._bound_port
+
+    def flush_offers(self) -> None:
+        """Offer the requests waiting for their batch now (before a scrape, say)."""
+        self._intake.flush()
 
     def _handler(self) -> tuple[Handler, FastHandler | None]:
         if self._mode == "mirror":
@@ -244,6 +254,7 @@ class TrafficServer:
             for conn in list(self._connections):
                 conn.abort()
             await server.wait_closed()
+        self._intake.flush()  # nothing a request handed on stays behind
         self._close_pool()
         self._bound_port = None
 

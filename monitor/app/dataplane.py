@@ -80,6 +80,7 @@ def listener_options(settings: Settings) -> dict[str, Any]:
         "upstream_timeout_s": traffic.upstream_read_timeout_s,
         "upstream_connect_timeout_s": traffic.upstream_connect_timeout_s,
         "upstream_max_connections": traffic.upstream_pool_size,
+        "offer_batch_s": traffic.offer_batch_s,
         # A request without X-Request-Id whose draw is over it: skipped at once.
         "max_sampling_rate": max((t.sampling_rate for t in settings.tasks), default=0.0),
     }

@@ -92,9 +92,13 @@ class Running:
         return []
 
     async def sync_traffic(self) -> None:
-        """With the data plane in its own process: wait until what it sent is counted."""
+        """Count every request answered before now: offer the ones waiting for their
+        batch, or, with the data plane in its own process, wait until what it sent (its
+        waiting offers too) is counted."""
         if isinstance(self.traffic_server, DataPlaneProcess):
             await self.traffic_server.sync()
+        elif self.traffic_server is not None:
+            self.traffic_server.flush_offers()
 
     def not_ready(self) -> list[str]:
         """Why monitoring is not working: the traffic reasons, unloaded windows,

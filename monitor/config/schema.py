@@ -201,6 +201,9 @@ class TrafficSettings(_Strict):
     # "process": the mirror's or proxy's listener runs in a process of its own, so
     # relmon's own work never delays a live request (docs/deploy.md); "inline": one process
     data_plane: Literal["inline", "process"] = "inline"
+    # The requests that may be sampled (1 in 100 at 1%) are parsed and offered together,
+    # at most this long after the first (0: each at once, in the middle of live requests)
+    offer_batch_s: float = Field(0.05, ge=0, le=1)
 
     @field_validator("mode", mode="before")
     @classmethod

@@ -639,7 +639,8 @@ def test_relmons_settings_have_values() -> None:
     assert config["traffic"]["max_body_bytes"] == 2048
     assert config["kafka"]["max_event_bytes"] == 4096
     # Tuning left to relmon's defaults unless given.
-    assert not {"upstream_read_timeout_s", "uvloop", "data_plane"} & config["traffic"].keys()
+    left = {"upstream_read_timeout_s", "uvloop", "data_plane", "offer_batch_s"}
+    assert not left & config["traffic"].keys()
     assert "max_leases_per_reviewer" not in relmon_config(render(TOKEN))["review"]
     proxy = {
         **TOKEN,
@@ -651,6 +652,7 @@ def test_relmons_settings_have_values() -> None:
             "upstreamPoolSize": 64,
             "uvloop": False,
             "dataPlane": "process",
+            "offerBatchSeconds": 0.2,
         },
         "review": {"maxLeasesPerReviewer": 5},
     }
@@ -669,6 +671,7 @@ def test_relmons_settings_have_values() -> None:
     settings = Settings.model_validate(config)  # relmon's schema takes every key
     assert settings.traffic.upstream_read_timeout_s == 300
     assert settings.traffic.data_plane == "process"
+    assert settings.traffic.offer_batch_s == 0.2
     assert settings.review.max_leases_per_reviewer == 5
     # The proxy forwards each request's own path: an upstream with a path is refused.
     assert "upstreamUrl" in refused({**proxy, "traffic": {"upstreamUrl": "http://vllm:8000/v1"}})

@@ -68,7 +68,7 @@ relmon.yaml: the user's config with the chart-managed keys set from the values.
 {{- if $t.upstreamUrl }}
 {{- $_ := set $traffic "upstream_url" $t.upstreamUrl }}
 {{- end }}
-{{- range $name, $field := dict "upstreamConnectTimeoutSeconds" "upstream_connect_timeout_s" "upstreamReadTimeoutSeconds" "upstream_read_timeout_s" "upstreamPoolSize" "upstream_pool_size" "uvloop" "uvloop" "dataPlane" "data_plane" }}
+{{- range $name, $field := dict "upstreamConnectTimeoutSeconds" "upstream_connect_timeout_s" "upstreamReadTimeoutSeconds" "upstream_read_timeout_s" "upstreamPoolSize" "upstream_pool_size" "uvloop" "uvloop" "dataPlane" "data_plane" "offerBatchSeconds" "offer_batch_s" }}
 {{- if not (kindIs "invalid" (index $t $name)) }}
 {{- $_ := set $traffic $field (index $t $name) }}
 {{- end }}

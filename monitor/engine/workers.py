@@ -37,6 +37,14 @@ __all__ = ["WorkerPool"]
 log = structlog.get_logger("relmon")
 
 
+async def _yield() -> None:
+    """Let the event loop serve what came in meanwhile (live requests, with the traffic
+    listener inline) between two steps of an item: each step's code runs cold, about ten
+    times as long as hot, and a whole item's end at once held the requests in flight
+    for some 0.4 ms."""
+    await asyncio.sleep(0)
+
+
 class WorkerPool:
     """``max_in_flight`` workers on one bounded queue."""
 
@@ -157,11 +165,13 @@ class WorkerPool:
             answers.extend(batch)
             seen.extend(self.redactor.redact_all(batch, redacted) if redact else batch)
             self.stats.calls += decision.more
+            await _yield()
             if incremental:  # the earlier answers' classes cannot change
                 classes += await canon.canonicalize_many(seen[len(classes) :], context)
             else:  # a joint grouping: every answer again
                 classes = await canon.canonicalize_many(seen, context)
             decision = task.rule.decide(Counter(classes).values())
+            await _yield()
         return answers, classes
 
     async def _process(self, job: Job) -> None:
@@ -189,7 +199,9 @@ class WorkerPool:
             reviewed = bool(rng.random() < pi)
             if task.judge is not None:
                 await self._judge(job, task.judge, consensus)
+            await _yield()
             set_size_served = await self._score(job, consensus, pi, reviewed, started)
+            await _yield()
             self._log_item(job, consensus, set_size_served, reviewed, started)
         finally:
             self.budget.settle(job.reserved, used, self.clock.monotonic())

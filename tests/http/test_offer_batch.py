@@ -13,7 +13,13 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from adapters.http.intake import MAX_PENDING_BYTES, MAX_PENDING_OFFERS, HeaderView, Intake
+from adapters.http.intake import (
+    MAX_PENDING_BYTES,
+    MAX_PENDING_OFFERS,
+    OFFERS_PER_TURN,
+    HeaderView,
+    Intake,
+)
 from adapters.http.traffic import TrafficServer
 from monitor.config.schema import TrafficSettings
 from monitor.core.events import TrafficEvent
@@ -174,3 +180,34 @@ async def test_the_proxy_offers_a_waiting_batch_on_flush_and_on_stop() -> None:
         await server.stop()
         await runner.cleanup()
     assert [e.id for e in sink.events] == ["a", "b"]  # stopping offered what waited
+
+
+async def test_a_due_batch_is_handled_a_few_per_turn_of_the_loop() -> None:
+    """Live requests go between two turns: no turn handles more than OFFERS_PER_TURN."""
+    loop = asyncio.get_running_loop()
+    turns = [0]
+
+    def tick() -> None:
+        turns[0] += 1
+        if turns[0] < 10_000:
+            loop.call_soon(tick)
+
+    seen_at: list[int] = []
+    sink = Sink()
+
+    def counting_sink(event: TrafficEvent, source: str) -> Admission:
+        seen_at.append(turns[0])
+        return sink(event, source)
+
+    intake = _intake(counting_sink, 0.01)
+    n = 3 * OFFERS_PER_TURN + 1
+    for i in range(n):
+        _offer(intake, sink, i)
+    loop.call_soon(tick)
+    while len(sink.events) < n:
+        await asyncio.wait_for(sink.arrived.wait(), 5)
+        sink.arrived.clear()
+    turns[0] = 10_000  # stop the ticker
+    assert [e.id for e in sink.events] == [f"r{i}" for i in range(n)]
+    per_turn = [seen_at.count(t) for t in sorted(set(seen_at))]
+    assert per_turn == [OFFERS_PER_TURN] * 3 + [1]

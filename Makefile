@@ -113,6 +113,7 @@ bench: $(COMPILE_STAMP)
 	$(BIN)/python bench/proxy_saturation_bench.py --upstream nginx --with-lean --with-data-plane --plain-baseline --json bench/results/proxy_saturation.json
 	$(BIN)/python bench/proxy_saturation_bench.py --data-plane uvloop --upstream nginx --with-lean --plain-baseline --json bench/results/proxy_data_plane.json
 	$(BIN)/python bench/dataplane_cpu_bench.py --json bench/results/dataplane_cpu.json
+	$(BIN)/python bench/loop_stall_bench.py --json bench/results/loop_stall.json
 	$(BIN)/python bench/model_client_bench.py --json bench/results/model_client.json
 	$(BIN)/python bench/isolation_bench.py --json bench/results/isolation.json
 	$(BIN)/python bench/stopping_bench.py --json bench/results/stopping.json

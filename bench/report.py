@@ -27,6 +27,7 @@ SECTIONS = (
     "proxy_saturation",
     "proxy_data_plane",
     "dataplane_cpu",
+    "loop_stall",
     "model_client",
     "isolation",
     "stopping",
@@ -642,6 +643,57 @@ def dataplane_cpu(doc: dict[str, Any]) -> list[str]:
     ]
 
 
+def loop_stall(doc: dict[str, Any]) -> list[str]:
+    """Section 2: the event-loop callbacks of a whole relmon run that held the live path."""
+    before = doc.get("baseline_commit") or doc.get("baseline_tree")
+    labels = {"relmon": "relmon (this code)", "before": f"before ({before})"}
+    trees = doc["trees"]
+    rows = [
+        [
+            labels.get(name, name),
+            f"{s['long_callbacks_per_10k']:.1f}",
+            f"{s['held_ms_per_10k']:.2f}",
+            f"{s['p99_ms']:.3f}",
+            f"{s['requests_per_s']:,.0f}",
+        ]
+        for name, s in trees.items()
+    ]
+    out = [
+        "### What held the live path: the event loop's long callbacks",
+        "",
+        f"A whole `relmon run` in proxy mode (1% sampled, budget 600 calls a minute) in front "
+        f"of nginx, wrk at {doc['connections']} connections for {doc['seconds']:g} s, on "
+        "asyncio's own loop so that every callback can be timed: the callbacks that held "
+        f"the loop over {doc['threshold_us']:g} µs, per 10,000 requests. Each held the "
+        "requests then in flight: what the proxy's added p99 is made of, counted, where "
+        f"wrk's p99 moves by ±30% between runs. Medians of {doc['repeats']} repeats, the "
+        f"trees alternating. {_ran(doc)}",
+        "",
+        *_table(
+            [
+                "relmon run",
+                f"callbacks over {doc['threshold_us']:g} µs",
+                "ms held",
+                "p99 (ms)",
+                "requests/s",
+            ],
+            rows,
+        ),
+        "",
+    ]
+    for name, s in trees.items():
+        calls = ", ".join(
+            f"`{c['callback']}` {c['count']} ({c['ms']:.0f} ms)" for c in s["by_callback"][:4]
+        )
+        out.append(f"- {labels.get(name, name)}, the longest in all repeats: {calls}.")
+    return [
+        *out,
+        "",
+        "Reproduce: `.venv/bin/python bench/loop_stall_bench.py [--baseline-tree PATH]`",
+        "",
+    ]
+
+
 def model_client(doc: dict[str, Any]) -> list[str]:
     labels = {
         "relmon": "relmon's model client (`OpenAIClient`)"
@@ -940,6 +992,8 @@ def render(docs: dict[str, dict[str, Any]]) -> str:
             lines += proxy_data_plane(docs["proxy_data_plane"])
         if name == "proxy" and "dataplane_cpu" in docs:
             lines += dataplane_cpu(docs["dataplane_cpu"])
+        if name == "proxy" and "loop_stall" in docs:
+            lines += loop_stall(docs["loop_stall"])
         if name == "proxy" and "model_client" in docs:
             lines += model_client(docs["model_client"])
         if name == "proxy" and "isolation" in docs:

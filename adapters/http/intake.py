@@ -282,6 +282,7 @@ class Intake:
 
     def _turn(self) -> None:
         """The batch's time is up: a few offers now, the rest in the next turns."""
+        self._flush = None  # this turn's own handle, running: nothing to cancel
         self._handle(OFFERS_PER_TURN)
         if self._pending:
             self._flush = asyncio.get_running_loop().call_soon(self._turn)

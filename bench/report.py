@@ -665,9 +665,10 @@ def loop_stall(doc: dict[str, Any]) -> list[str]:
         f"of nginx, wrk at {doc['connections']} connections for {doc['seconds']:g} s, on "
         "asyncio's own loop so that every callback can be timed: the callbacks that held "
         f"the loop over {doc['threshold_us']:g} µs, per 10,000 requests. Each held the "
-        "requests then in flight: what the proxy's added p99 is made of, counted, where "
-        f"wrk's p99 moves by ±30% between runs. Medians of {doc['repeats']} repeats, the "
-        f"trees alternating. {_ran(doc)}",
+        "requests then in flight: what the proxy's added p99 is made of, counted; a change "
+        "in relmon's own work stands out of this count's spread between repeats where "
+        f"wrk's p99 often cannot. Medians of {doc['repeats']} repeats, the trees "
+        f"alternating. {_ran(doc)}",
         "",
         *_table(
             [

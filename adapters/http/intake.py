@@ -199,6 +199,12 @@ _Pending = tuple[
 """An offer waiting for its batch: :meth:`Intake.offer`'s arguments."""
 
 
+def _held(pending: _Pending) -> int:
+    """The bytes a waiting offer holds: its body and its answer's."""
+    answer = pending[4]
+    return len(pending[3]) + (0 if answer is None else len(answer[0]))
+
+
 class Intake:
     """Decides, parses and offers the events of one traffic source (``mirror``/``proxy``)."""
 
@@ -266,11 +272,12 @@ class Intake:
         (:data:`OFFERS_PER_TURN`) per turn of the event loop: code run now and then for
         one request ran about ten times slower, in the middle of the live requests, than
         the same code run for several in a row."""
+        pending: _Pending = (count, headers, path, raw, answer, rid, draw)
         if self.batch_s <= 0:
-            self._offer_now(count, headers, path, raw, answer, rid, draw)
+            self._offer_now(pending)
             return
-        self._pending.append((count, headers, path, raw, answer, rid, draw))
-        self._pending_bytes += len(raw) + (0 if answer is None else len(answer[0]))
+        self._pending.append(pending)
+        self._pending_bytes += _held(pending)
         if len(self._pending) >= MAX_PENDING_OFFERS or self._pending_bytes >= MAX_PENDING_BYTES:
             self.flush()
         elif self._flush is None:
@@ -292,20 +299,12 @@ class Intake:
         if handle is not None:
             handle.cancel()
         taken, self._pending = self._pending[:n], self._pending[n:]
-        for count, headers, path, raw, answer, rid, draw in taken:
-            self._pending_bytes -= len(raw) + (0 if answer is None else len(answer[0]))
-            self._offer_now(count, headers, path, raw, answer, rid, draw)
+        for pending in taken:
+            self._pending_bytes -= _held(pending)
+            self._offer_now(pending)
 
-    def _offer_now(  # noqa: PLR0917  (an offer's fields, as they wait in the batch)
-        self,
-        count: Callable[[str], None],
-        headers: HeaderView,
-        path: str,
-        raw: bytes,
-        answer: tuple[bytes, HeaderView] | None,
-        rid: str | None,
-        draw: float | None,
-    ) -> None:
+    def _offer_now(self, pending: _Pending) -> None:
+        count, headers, path, raw, answer, rid, draw = pending
         if draw is not None and rid is None:
             rid = request_id(None)
         if self.relay is not None:

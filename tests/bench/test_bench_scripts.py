@@ -65,6 +65,16 @@ def doc_of(quick: tuple[Path, dict[str, str | None]], name: str) -> dict[str, An
     return doc
 
 
+def render(*, results: Path, out: Path) -> None:
+    """bench/report.py: RESULTS.md from the JSON documents in ``results``, to ``out``."""
+    subprocess.run(
+        [sys.executable, str(BENCH / "report.py"), "--results", str(results), "--out", str(out)],
+        cwd=ROOT,
+        check=True,
+        timeout=60,
+    )
+
+
 def positive(x: float) -> bool:
     return math.isfinite(x) and x > 0
 
@@ -147,11 +157,7 @@ def test_proxy_data_plane_beside_the_lean_proxy_and_plain_python(tmp_path: Path)
             doc["saturation"][other]["cpu_s_per_10k"] / doc["saturation"]["nginx"]["cpu_s_per_10k"]
         )
     md = tmp_path / "RESULTS.md"
-    subprocess.run(
-        [sys.executable, str(BENCH / "report.py"), "--results", str(tmp_path), "--out", str(md)],
-        cwd=ROOT,
-        check=True,
-    )
+    render(results=tmp_path, out=md)
     text = md.read_text()
     assert "### The data plane alone beside nginx, in one run" in text
     assert "the leanest Python proxy" in text
@@ -273,11 +279,7 @@ def test_kafka_scale_bench(tmp_path: Path) -> None:
     assert positive(replay["ratio"])
     # The report renders it as section 7, marked as a smoke run.
     md = tmp_path / "RESULTS.md"
-    subprocess.run(
-        [sys.executable, str(BENCH / "report.py"), "--results", str(tmp_path), "--out", str(md)],
-        check=True,
-        timeout=60,
-    )
+    render(results=tmp_path, out=md)
     section = md.read_text().split("## 7. Kafka scale-out and replay", 1)[1]
     assert "smoke run" in section and f"{replay['verdicts']:,}" in section
 
@@ -301,11 +303,7 @@ def test_kafka_ingest_bench(tmp_path: Path) -> None:
     (run,) = r["runs"]["relmon"]
     assert run["sampled"] > 0 and run["model_calls"] >= run["sampled"]
     md = tmp_path / "RESULTS.md"
-    subprocess.run(
-        [sys.executable, str(BENCH / "report.py"), "--results", str(tmp_path), "--out", str(md)],
-        check=True,
-        timeout=60,
-    )
+    render(results=tmp_path, out=md)
     text = md.read_text()
     assert "### One whole `relmon run` against the bare loop" in text
     assert "smoke run" in text
@@ -327,11 +325,7 @@ def test_store_replicas_bench(tmp_path: Path) -> None:
     for c in (sqlite["convergence"], postgres["convergence"], postgres["convergence_polling"]):
         assert c["count"] > 0 and 0 < c["median_ms"] <= c["p99_ms"] <= c["max_ms"]
     md = tmp_path / "RESULTS.md"
-    subprocess.run(
-        [sys.executable, str(BENCH / "report.py"), "--results", str(tmp_path), "--out", str(md)],
-        check=True,
-        timeout=60,
-    )
+    render(results=tmp_path, out=md)
     section = md.read_text().split("## 8. Shared store: 3 replicas on PostgreSQL", 1)[1]
     assert "smoke run" in section and "polling only" in section
 
@@ -348,11 +342,7 @@ def test_report_renders_the_quick_results(
         timeout=60,
     )
     out = tmp_path / "RESULTS.md"
-    subprocess.run(
-        [sys.executable, str(BENCH / "report.py"), "--results", str(results), "--out", str(out)],
-        check=True,
-        timeout=60,
-    )
+    render(results=results, out=out)
     assert_complete(out.read_text())
 
 
@@ -420,11 +410,7 @@ def test_loop_stall_bench(quick: tuple[Path, dict[str, str | None]], tmp_path: P
     assert all(s["ms"] >= s["count"] * doc["threshold_us"] / 1000 for s in by.values())
     (tmp_path / "loop_stall.json").write_text(json.dumps(doc))
     md = tmp_path / "RESULTS.md"
-    subprocess.run(
-        [sys.executable, str(BENCH / "report.py"), "--results", str(tmp_path), "--out", str(md)],
-        check=True,
-        timeout=60,
-    )
+    render(results=tmp_path, out=md)
     text = md.read_text()
     assert "What held the live path" in text and "relmon (this code)" in text
 
@@ -436,11 +422,7 @@ def test_report_shows_the_data_plane_alone_beside_the_whole_proxy(tmp_path: Path
     assert "plane_ratios" in doc
     (tmp_path / "proxy_saturation.json").write_text(json.dumps(doc))
     out = tmp_path / "RESULTS.md"
-    subprocess.run(
-        [sys.executable, str(BENCH / "report.py"), "--results", str(tmp_path), "--out", str(out)],
-        check=True,
-        timeout=60,
-    )
+    render(results=tmp_path, out=out)
     row = next(
         line for line in out.read_text().splitlines() if "data plane alone (`relmon run`" in line
     )

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from time import perf_counter
+from time import perf_counter as _perf_counter
 from typing import Final
 
 from adapters.http.intake import HeaderView, Intake
 from adapters.http.proxy_metrics import ProxyMetrics
-from adapters.http.request import HOP_BY_HOP, NOT_FORWARDED, HeaderKinds, Request
+from adapters.http.request import HOP_BY_HOP, NOT_FORWARDED, HeaderKinds, Request, decimal
 from adapters.http.wire import ServerConnection, error_response, http_date
 from adapters.upstream.pool import Exchange, UpstreamConnection, UpstreamPool
 
@@ -36,6 +36,9 @@ _response_kind: Final = HeaderKinds(
     | {b"connection": 4, b"content-length": 1, b"content-type": 2, b"date": 3}
 )
 _NO_HEADERS: Final[list[tuple[bytes, bytes]]] = []  # never changed: replaced
+_NO_NAMES: Final[frozenset[bytes]] = frozenset()
+# Final: compiled, a C global, where an imported name is a dict lookup on every call.
+perf_counter: Final = _perf_counter
 
 
 def _named(connection: bytes) -> frozenset[bytes]:
@@ -267,7 +270,7 @@ class ProxyExchange(Exchange):
     def on_head(self, status: int, reason: bytes, headers: list[tuple[bytes, bytes]]) -> None:
         self.status = status
         req = self.req
-        named: frozenset[bytes] = frozenset()
+        named = _NO_NAMES
         length: int | None = None
         sse = has_date = False
         parts = [b"HTTP/1.1 %d %b\r\n" % (status, reason)]
@@ -282,7 +285,8 @@ class ProxyExchange(Exchange):
                         named = _named(value) - HOP_BY_HOP
                     continue
                 if kind == 1:
-                    length = int(value) if value.isdigit() else None
+                    n = decimal(value)
+                    length = n if n >= 0 else None
                 elif kind == 2:
                     sse = value.startswith(b"text/event-stream")
                 else:

@@ -54,6 +54,8 @@ def is_chat_completions_path(path: str) -> bool:
 
 def is_chat_target(target: bytes) -> bool:
     """:func:`is_chat_completions_path` of a raw request target (path and query)."""
+    if target.endswith(b"/chat/completions") and b"?" not in target:  # the usual target
+        return True
     path = target.partition(b"?")[0]
     return path.endswith(b"/chat/completions") or path.rstrip(b"/").endswith(b"/chat/completions")
 
@@ -81,6 +83,23 @@ def expect_answered(req: Request, client: ServerConnection) -> bool:
 def event_guard(intake: Intake, req: Request) -> ExchangeGuard:
     """The guard of one request: an event when it is a ``POST …/chat/completions``."""
     return ExchangeGuard(intake, req.method == b"POST" and is_chat_target(req.target))
+
+
+class _Retry:
+    """A fast-path exchange tried once more, in a task (a class, not a closure in
+    :meth:`Proxy._fast_end`: compiled, a closure's frame is built on every call)."""
+
+    __slots__ = ("exchange", "proxy")
+
+    def __init__(self, proxy: Proxy, exchange: ProxyExchange) -> None:
+        self.proxy = proxy
+        self.exchange = exchange
+
+    async def run(self, req: Request, client: ServerConnection) -> None:
+        exchange = self.exchange
+        await self.proxy._guarded(
+            self.proxy._relay(exchange, True, retry=True), exchange.guard, client
+        )
 
 
 class Proxy:
@@ -125,12 +144,7 @@ class Proxy:
         try once more in a task when the pooled connection had gone stale."""
         client = exchange.client
         if outcome is not None and exchange.retriable(outcome):
-            client.resume(
-                exchange.req,
-                lambda req, client: self._guarded(
-                    self._relay(exchange, True, retry=True), exchange.guard, client
-                ),
-            )
+            client.resume(exchange.req, _Retry(self, exchange).run)
             return
         try:
             if exchange.settle(outcome) is None:

@@ -1,6 +1,6 @@
 """The inline proxy's own metrics (docs/metrics.md), registered once in the registry
-passed in. The hot path only adds to plain ints and floats (no lock, no bucket walk in
-Python: one ``bisect``); the Prometheus families are built from them when scraped.
+passed in. The hot path only adds to plain ints and floats (no lock; the bucket found by a
+few compiled float comparisons); the Prometheus families are built from them when scraped.
 
 ``relmon_proxy_requests_total{status_class}``: answers relayed from the upstream, by the
 class of the upstream's status (``2xx``, ``3xx``, ``4xx``, ``5xx``).
@@ -14,7 +14,6 @@ the upstream's last byte to the client's (the upstream's own time excluded).
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections.abc import Iterator
 from itertools import accumulate
 from typing import Final
@@ -39,9 +38,22 @@ bucket (not cumulative), and the latency sum."""
 
 STATUS_CLASSES: Final = ("2xx", "3xx", "4xx", "5xx")
 FAILURE_REASONS: Final = ("connect_error", "timeout", "reset", "invalid_response")
-ADDED_LATENCY_BUCKETS: Final = (
+# The bounds as a list of floats, searched in place: compiled, handing a Final tuple to
+# ``bisect`` boxed it anew (a tuple and ten floats) on every call.
+_BOUNDS: Final[list[float]] = [
     0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1,
-)  # fmt: skip
+]  # fmt: skip
+ADDED_LATENCY_BUCKETS: Final[tuple[float, ...]] = tuple(_BOUNDS)
+_LAST: Final = len(_BOUNDS)
+
+
+def bucket_of(added_s: float) -> int:
+    """The histogram bucket of ``added_s``: the first bound at or above it (``bisect_left``
+    of the bounds), :data:`ADDED_LATENCY_BUCKETS`'s length past the last."""
+    i = 0
+    while i < _LAST and _BOUNDS[i] < added_s:
+        i += 1
+    return i
 
 
 class ProxyMetrics(Collector):
@@ -60,7 +72,7 @@ class ProxyMetrics(Collector):
     def answered(self, status: int, added_s: float) -> None:
         """An answer relayed whole: its status and the time relmon added."""
         self._by_class[min(status // 100, 5)] += 1
-        self._buckets[bisect_left(ADDED_LATENCY_BUCKETS, added_s)] += 1
+        self._buckets[bucket_of(added_s)] += 1
         self._sum += added_s
 
     def failed(self, reason: str) -> None:

@@ -8,7 +8,6 @@ name a peer sends on every request costs a dict lookup.
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 from typing import Final, Protocol
 
 import httptools
@@ -23,6 +22,7 @@ __all__ = [
     "FlowControl",
     "HeaderKinds",
     "Request",
+    "decimal",
     "read_prefix",
 ]
 
@@ -36,8 +36,8 @@ class FlowControl(Protocol):
     def resume_reading(self) -> None: ...
 
 
-HIGH_WATER = 262_144
-_LOW_WATER = 65_536
+HIGH_WATER: Final = 262_144
+_LOW_WATER: Final = 65_536
 HOP_BY_HOP: Final = frozenset(h.encode() for h in HOP_BY_HOP_HEADERS)
 NOT_FORWARDED: Final = HOP_BY_HOP | {b"host", b"expect"}
 """The request headers a proxy does not pass on as they came: the hop-by-hop ones
@@ -67,13 +67,32 @@ class HeaderKinds:
         return kind
 
 
-# Request header kinds: 0 forwarded as it came; 1-5 read here (1-2 forwarded too).
-_LENGTH, _REQUEST_ID, _CONNECTION, _ENCODING, _EXPECT, _DROPPED = 1, 2, 3, 4, 5, 6
-_request_kind = HeaderKinds(
+# Request header kinds: 0 forwarded as it came; 1-5 read here (1-2 forwarded too). Each
+# name Final: compiled, a C constant, where a plain module name is a dict lookup per use.
+_LENGTH: Final = 1
+_REQUEST_ID: Final = 2
+_CONNECTION: Final = 3
+_ENCODING: Final = 4
+_EXPECT: Final = 5
+_DROPPED: Final = 6
+_request_kind: Final = HeaderKinds(
     dict.fromkeys(NOT_FORWARDED, _DROPPED)
     | {b"content-length": _LENGTH, b"x-request-id": _REQUEST_ID}
     | {b"connection": _CONNECTION, b"transfer-encoding": _ENCODING, b"expect": _EXPECT}
 )
+
+
+def decimal(value: bytes) -> int:
+    """``int(value)`` when ``value`` is ASCII digits (``value.isdigit()``), else -1: one
+    compiled loop, where ``isdigit()`` and ``int()`` were two calls by name."""
+    if not value:
+        return -1
+    n = 0
+    for c in value:
+        if c < 48 or c > 57:
+            return -1
+        n = n * 10 + c - 48
+    return n
 
 
 class Body:
@@ -83,7 +102,9 @@ class Body:
 
     def __init__(self, conn: FlowControl) -> None:
         self._conn = conn
-        self._chunks: deque[bytes] = deque()
+        # A list: compiled, its operations are native calls, where a deque's are looked up
+        # by name (at most HIGH_WATER bytes wait: a pop from the front stays cheap).
+        self._chunks: list[bytes] = []
         self._waiter: asyncio.Future[None] | None = None
         self.buffered = 0
         self.size = 0
@@ -126,7 +147,7 @@ class Body:
             self._waiter = asyncio.get_running_loop().create_future()
             await self._waiter
             self._waiter = None
-        chunk = self._chunks.popleft()
+        chunk = self._chunks.pop(0)
         self.buffered -= len(chunk)
         if self.buffered < _LOW_WATER:
             self._conn.resume_reading()
@@ -189,12 +210,11 @@ class Request:
         self.method: bytes = parser.get_method()
         self.target = target
         self.headers = headers
-        self.version: str = parser.get_http_version()
         self.keep_alive: bool = parser.should_keep_alive()
         # One pass over the headers: the ones read here (the last of each, but the first
         # X-Request-Id), and the lines a proxy forwards.
         forwarded: list[bytes] = []
-        connection = b""
+        connection: bytes | None = None
         expect = request_id = length = encoding = None
         kind_of, seen = _request_kind, _request_kind.seen
         for name, value in self.headers:
@@ -219,13 +239,22 @@ class Request:
             forwarded.append(value)
             forwarded.append(b"\r\n")
         self.forwarded = forwarded
-        self.connection: bytes = connection
+        # Kept alive with no Connection header: HTTP/1.1, as llhttp decides keep-alive (an
+        # HTTP/1.0 request is kept alive only by "Connection: keep-alive"). The version
+        # string is built only otherwise: httptools formats it anew on every call.
+        if self.keep_alive and connection is None:
+            self.version: str = "1.1"
+        else:
+            self.version = parser.get_http_version()
+        self.connection: bytes = b"" if connection is None else connection
         self.expect: bytes | None = expect
         self.request_id: bytes | None = request_id
         self.chunked = encoding is not None and b"chunked" in encoding.lower()
         self.content_length: int | None = None
-        if length is not None and length.isdigit():
-            self.content_length = int(length)
+        if length is not None:
+            n = decimal(length)
+            if n >= 0:
+                self.content_length = n
         self.body = body
         self.received_at = 0.0
 

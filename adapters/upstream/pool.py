@@ -19,8 +19,10 @@ the pool by itself.
 from __future__ import annotations
 
 import asyncio
+import math
 import ssl
 from collections import deque
+from collections.abc import Callable
 from typing import cast
 
 import httptools
@@ -55,13 +57,19 @@ class UpstreamConnection(asyncio.Protocol):
         self._pool = pool
         self._loop = pool.loop
         self._parser = httptools.HttpResponseParser(self)
+        # Bound once: compiled, a method called through its attribute is looked up by
+        # name on every call.
+        self._feed = self._parser.feed_data
         self.transport: asyncio.Transport | None = None
+        self._write: Callable[[bytes], object] | None = None
         self.exchange: Exchange | None = None
         self.closed = False
         self.reused = False
         self.got_bytes = False
         self.head_only = False
-        self.last_activity = 0.0
+        # Sweeps (:meth:`UpstreamPool._sweep`) since the request was sent or the last byte
+        # came: a counter, not a clock read per request.
+        self.quiet = 0
         self.waiting = False  # the request is sent, the answer not yet complete
         self.keep_alive = False
         self.complete = False
@@ -89,12 +97,12 @@ class UpstreamConnection(asyncio.Protocol):
 
     def watch(self) -> None:
         """The request is sent: from now on, no byte for the read timeout times it out."""
-        self.last_activity = self._loop.time()
+        self.quiet = 0
         self.waiting = True
 
     def write(self, data: bytes) -> None:
-        if self.transport is not None and not self.closed:
-            self.transport.write(data)
+        if self._write is not None and not self.closed:
+            self._write(data)
 
     async def drain(self) -> None:
         if not self._writable and not self.closed:
@@ -120,6 +128,7 @@ class UpstreamConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass
+        self._write = self.transport.write
         self._pool.opened(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -138,13 +147,13 @@ class UpstreamConnection(asyncio.Protocol):
             exchange.on_lost("reset")
 
     def data_received(self, data: bytes) -> None:
-        self.last_activity = self._loop.time()
+        self.quiet = 0
         self.got_bytes = True
         if self.exchange is None:  # bytes nobody asked for: this connection is unusable
             self.close()
             return
         try:
-            self._parser.feed_data(data)
+            self._feed(data)
         except httptools.HttpParserError:
             exchange, self.exchange = self.exchange, None
             self.close()
@@ -185,6 +194,7 @@ class UpstreamConnection(asyncio.Protocol):
             self.exchange.on_head(status, self._reason, self._headers)
         if self.head_only:  # llhttp would wait for the body the length announces
             self._parser = httptools.HttpResponseParser(self)
+            self._feed = self._parser.feed_data
             self._finish()
 
     def on_body(self, body: bytes) -> None:
@@ -221,11 +231,14 @@ class UpstreamPool:
         max_connections: int,
     ) -> None:
         self.loop = asyncio.get_running_loop()
-        self._read_timeout = read_timeout_s
         # The open connections; one timer sweeps them all while there are any (a timer,
         # or even a set update, per request costs more than the rest of its bookkeeping).
         self._conns: set[UpstreamConnection] = set()
         self._tick = min(1.0, read_timeout_s / 4)
+        # A connection quiet for this many sweeps in a row had no byte for at least
+        # (sweeps - 1) ticks >= the read timeout (and at most one tick more, as when the
+        # sweep compared clocks).
+        self._quiet_sweeps = math.ceil(read_timeout_s / self._tick - 1e-9) + 1
         self._sweeping = False
         self._host = host
         self._port = port
@@ -317,8 +330,14 @@ class UpstreamPool:
         """Time out the connections that wait with no byte for the read timeout (checked
         every quarter of it, at most every second, while any connection is open)."""
         self._sweeping = False
-        deadline = self.loop.time() - self._read_timeout
-        for conn in [c for c in self._conns if c.waiting and c.last_activity <= deadline]:
+        limit = self._quiet_sweeps
+        quiet: list[UpstreamConnection] = []
+        for conn in self._conns:
+            if conn.waiting:
+                conn.quiet += 1
+                if conn.quiet >= limit:
+                    quiet.append(conn)
+        for conn in quiet:
             exchange = conn.exchange
             conn.close()
             if exchange is not None:

@@ -6,6 +6,7 @@ real child process, is in tests/e2e/test_data_plane_process.py."""
 from __future__ import annotations
 
 import asyncio
+import bisect
 import socket
 import sys
 from types import SimpleNamespace
@@ -18,7 +19,12 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from adapters.http.dataplane import DataPlaneProcess, frame, read_frame
-from adapters.http.proxy_metrics import ADDED_LATENCY_BUCKETS, FAILURE_REASONS, ProxyMetrics
+from adapters.http.proxy_metrics import (
+    ADDED_LATENCY_BUCKETS,
+    FAILURE_REASONS,
+    ProxyMetrics,
+    bucket_of,
+)
 from monitor.config import TaskSettings
 from monitor.core.errors import ConfigError
 from monitor.core.sampler import CallBudget
@@ -89,6 +95,20 @@ def test_counts_taken_in_one_process_and_merged_in_another_read_the_same(
     # Counts exactly; the latency sum up to rounding (added in another grouping).
     assert samples(main_registry) == pytest.approx(samples(reference_registry), rel=1e-12)
     assert len(ADDED_LATENCY_BUCKETS) + 1 == len(merged._buckets)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    added=st.one_of(
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.sampled_from(ADDED_LATENCY_BUCKETS),  # exactly on a bound: that bound's bucket
+        st.floats(min_value=0.0, max_value=0.2),
+    )
+)
+def test_an_added_latency_falls_in_the_bucket_bisect_gives(added: float) -> None:
+    """The hot path's bucket search agrees with ``bisect_left`` over the bounds, for any
+    float: a bound itself, between bounds, past the last, negative, infinite, NaN."""
+    assert bucket_of(added) == bisect.bisect_left(ADDED_LATENCY_BUCKETS, added)
 
 
 def _admission(tasks: dict[str, Any]) -> tuple[AdmissionControl, ServiceStats]:

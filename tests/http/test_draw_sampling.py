@@ -9,7 +9,6 @@ import asyncio
 import hashlib
 import json
 import math
-import random
 import re
 from types import SimpleNamespace
 from typing import Any, cast
@@ -117,13 +116,15 @@ def _body(model: str) -> bytes:
 
 
 async def test_requests_without_an_id_are_sampled_at_each_tasks_rate(
-    monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
 ) -> None:
     """20,000 requests with no X-Request-Id through the port's intake and the service's
     admission: each model's task samples its rate (within 4.5 binomial sigmas), every
     request is decided once, the port never lets through one the service then skips
     for a task named in the head, and each sampled event has a fresh id and its draw."""
-    monkeypatch.setattr(intake_module, "_draw", random.Random(11).random)
+    state = intake_module._random.getstate()  # the draws' generator, seeded for this test
+    request.addfinalizer(lambda: intake_module._random.setstate(state))
+    intake_module._random.seed(11)
     configured = [_settings("small", 0.02, "m-small"), _settings("rest", 0.1)]
     admission, stats = _admission(configured)
     router = admission.router

@@ -54,7 +54,9 @@ def is_chat_completions_path(path: str) -> bool:
 
 def is_chat_target(target: bytes) -> bool:
     """:func:`is_chat_completions_path` of a raw request target (path and query)."""
-    if target.endswith(b"/chat/completions") and b"?" not in target:  # the usual target
+    # The usual target first (``find``: ``b"?" in target`` first tries ``b"?"`` as an int,
+    # and raises and clears a TypeError inside, on every call).
+    if target.endswith(b"/chat/completions") and target.find(b"?") < 0:
         return True
     path = target.partition(b"?")[0]
     return path.endswith(b"/chat/completions") or path.rstrip(b"/").endswith(b"/chat/completions")

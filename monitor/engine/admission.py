@@ -50,12 +50,15 @@ class AdmissionControl:
         self.budget = budget
         self.queue = queue
         self.stats = stats
+        # Held here: the fast path counts most requests, and these are two lookups less.
+        self._events = metrics.traffic_events
+        self._by_decision = stats.by_decision
         self.accepting = True
         self._admitted: OrderedDict[str, asyncio.Future[None] | None] = OrderedDict()
 
     def count(self, source: str, decision: str) -> None:
-        self.metrics.traffic_events.add(source, decision, 1)  # plain ints: no lock, no labels()
-        by_decision = self.stats.by_decision
+        self._events.add(source, decision, 1)  # plain ints: no lock, no labels()
+        by_decision = self._by_decision
         by_decision[decision] = by_decision.get(decision, 0) + 1
 
     def reject(self, source: str, reason: str) -> None:
@@ -122,8 +125,8 @@ class AdmissionControl:
     def count_many(self, source: str, decision: str, n: int) -> None:
         """``n`` events of ``source`` decided ``decision`` elsewhere (the traffic data
         plane's process counts its skipped events and sends the sums)."""
-        self.metrics.traffic_events.add(source, decision, n)
-        by_decision = self.stats.by_decision
+        self._events.add(source, decision, n)
+        by_decision = self._by_decision
         by_decision[decision] = by_decision.get(decision, 0) + n
 
     def _no_room(self, source: str, wait: bool) -> Admission:

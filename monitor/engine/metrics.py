@@ -65,25 +65,31 @@ class EventCounts(Collector):
     HELP: Final = "Traffic events by source and what relmon did with them."
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.counts: dict[tuple[str, str], int] = {}
+        # By source, then decision: two lookups by strings (their hashes kept), where a
+        # (source, decision) key built a tuple and hashed it for every event.
+        self.counts: dict[str, dict[str, int]] = {}
         registry.register(self)
 
     def add(self, source: str, decision: str, n: int = 1) -> None:
-        key = (source, decision)
-        self.counts[key] = self.counts.get(key, 0) + n
+        by_decision = self.counts.get(source)
+        if by_decision is None:
+            by_decision = self.counts[source] = {}
+        by_decision[decision] = by_decision.get(decision, 0) + n
 
     def init(self, source: str) -> None:
         """Every decision of ``source`` at 0 (kept if already counted)."""
+        by_decision = self.counts.setdefault(source, {})
         for decision in TRAFFIC_DECISIONS:
-            self.counts.setdefault((source, decision), 0)
+            by_decision.setdefault(decision, 0)
 
     def describe(self) -> list[Metric]:
         return [CounterMetricFamily(self.NAME, self.HELP, labels=["source", "decision"])]
 
     def collect(self) -> Iterator[Metric]:
         family = CounterMetricFamily(self.NAME, self.HELP, labels=["source", "decision"])
-        for (source, decision), count in list(self.counts.items()):  # a copy: one C call
-            family.add_metric([source, decision], count)
+        for source, by_decision in list(self.counts.items()):  # copies: one C call each
+            for decision, count in list(by_decision.items()):
+                family.add_metric([source, decision], count)
         yield family
 
 

@@ -46,6 +46,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -235,6 +236,31 @@ def _profiled(url: str, script: Path, pid: int, args: argparse.Namespace) -> dic
     return res | {"profiled": True}
 
 
+GOALS: dict[str, Callable[[float], bool]] = {
+    "added_p50": lambda r: r <= 2.0,
+    "added_p99": lambda r: r <= 2.0,
+    "requests_per_s": lambda r: r >= 0.7,
+    "cpu_per_request": lambda r: r <= 2.0,
+}
+"""Issue 22's goals for relmon against nginx, each ratio's test."""
+
+
+def _added_ratio(lat: dict[str, Any], key: str) -> float | None:
+    nginx = lat["nginx"][key] - lat["direct"][key]
+    return (lat["relmon"][key] - lat["direct"][key]) / nginx if nginx > 0 else None
+
+
+def _repeat_ratios(lat: dict[str, Any], sat: dict[str, Any]) -> dict[str, float | None]:
+    """relmon against nginx within one repeat (the targets minutes apart at most): paired
+    ratios, which the host's drift from one repeat to the next does not move."""
+    return {
+        "added_p50": _added_ratio(lat, "p50_ms"),
+        "added_p99": _added_ratio(lat, "p99_ms"),
+        "requests_per_s": sat["relmon"]["requests_per_s"] / sat["nginx"]["requests_per_s"],
+        "cpu_per_request": sat["relmon"]["cpu_s_per_10k"] / sat["nginx"]["cpu_s_per_10k"],
+    }
+
+
 def _summarize(latency: list[dict[str, Any]], saturation: list[dict[str, Any]]) -> dict[str, Any]:
     med = benchlib.median
     out: dict[str, Any] = {"latency": {}, "saturation": {}}
@@ -262,6 +288,12 @@ def _summarize(latency: list[dict[str, Any]], saturation: list[dict[str, Any]]) 
         "added_p99": ra["p99_ms"] / na["p99_ms"] if na["p99_ms"] > 0 else None,
         "requests_per_s": rs["requests_per_s"] / ns["requests_per_s"],
         "cpu_per_request": rs["cpu_s_per_10k"] / ns["cpu_s_per_10k"],
+    }
+    pairs = zip(latency, saturation, strict=True)
+    out["repeat_ratios"] = [_repeat_ratios(lat, sat) for lat, sat in pairs]
+    out["repeats_meeting_goals"] = {
+        key: sum(1 for r in out["repeat_ratios"] if r[key] is not None and met(r[key]))
+        for key, met in GOALS.items()
     }
     for other in OTHERS:  # also against nginx, in the same run
         if other in targets:
@@ -503,6 +535,12 @@ def main() -> None:
                 f"{_times(y['added_p99'])}, req/s x{y['requests_per_s']:.2f}, "
                 f"CPU per request x{y['cpu_per_request']:.2f}"
             )
+    met, n = report["repeats_meeting_goals"], len(report["repeat_ratios"])
+    print(
+        f"relmon/nginx within each of the {n} repeats, goal met in: added p50 "
+        f"{met['added_p50']}, added p99 {met['added_p99']}, req/s {met['requests_per_s']}, "
+        f"CPU per request {met['cpu_per_request']}"
+    )
 
 
 def _times(ratio: float | None) -> str:

@@ -352,8 +352,24 @@ def proxy_saturation(doc: dict[str, Any]) -> list[str]:
     return [*out, *_goals(doc)]
 
 
+def _per_repeat(doc: dict[str, Any]) -> list[str]:
+    """How many repeats met each goal, relmon against nginx within the repeat."""
+    met = doc.get("repeats_meeting_goals")
+    if not met:
+        return []
+    n = len(doc["repeat_ratios"])
+    return [
+        "",
+        f"Within each of this run's {n} repeats (relmon against nginx in the same repeat, "
+        f"minutes apart at most), the goal was met in: added p50 {met['added_p50']} of {n}, "
+        f"added p99 {met['added_p99']} of {n}, requests/s {met['requests_per_s']} of {n}, "
+        f"CPU per request {met['cpu_per_request']} of {n}.",
+    ]
+
+
 def _goals(doc: dict[str, Any]) -> list[str]:
     return [
+        *_per_repeat(doc),
         "",
         "Goals: added latency at most ×2 nginx's (p50 and p99), requests/s at least ×0.7, "
         "CPU per request at most ×2. Each row is one run; the ratios are within the run "

@@ -125,6 +125,13 @@ def test_proxy_saturation_bench_beside_nginx(quick: tuple[Path, dict[str, str | 
         doc["saturation"]["relmon"]["requests_per_s"] / doc["saturation"]["nginx"]["requests_per_s"]
     )
     assert positive(ratios["cpu_per_request"])
+    # One repeat (--quick): its paired ratios are the run's, and the goal counts follow.
+    (paired,) = doc["repeat_ratios"]
+    assert paired["requests_per_s"] == pytest.approx(ratios["requests_per_s"])
+    assert paired["cpu_per_request"] == pytest.approx(ratios["cpu_per_request"])
+    met = doc["repeats_meeting_goals"]
+    assert met["requests_per_s"] == (1 if paired["requests_per_s"] >= 0.7 else 0)
+    assert met["cpu_per_request"] == (1 if paired["cpu_per_request"] <= 2 else 0)
 
 
 @pytest.mark.timeout(600)

@@ -1,9 +1,10 @@
 """relmon's build: pure Python, unless ``RELMON_COMPILE=1`` asks for the hot path compiled.
 
-With ``RELMON_COMPILE=1`` the modules in :data:`COMPILED` (the traffic port's data plane
-and the per-request sampling decision) are compiled to C extensions with mypyc, which
-needs mypy and a C compiler at build time. They are the same modules, type-checked by
-``mypy --strict``; Python loads the compiled one when it sits beside the ``.py`` file.
+With ``RELMON_COMPILE=1`` the modules in :data:`COMPILED` (the traffic port's data plane,
+the per-request sampling decision, and the parsing and admission of a sampled request)
+are compiled to C extensions with mypyc, which needs mypy and a C compiler at build
+time. They are the same modules, type-checked by ``mypy --strict``; Python loads the
+compiled one when it sits beside the ``.py`` file.
 Without the variable (``pip install -e .``, ``make demo``) nothing is compiled and
 relmon runs as plain Python, only slower on the proxy's and the mirror's hot path.
 
@@ -30,6 +31,8 @@ COMPILED = [
     "monitor/engine/admission.py",
     "monitor/core/sampler.py",
     "monitor/engine/metrics.py",
+    "monitor/core/events.py",
+    "adapters/http/messages.py",
 ]
 
 

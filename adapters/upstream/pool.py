@@ -6,8 +6,9 @@
 first), opens a new one within the connect timeout, or, with ``max_connections`` in use,
 waits for one to come back. Once its request is sent, a connection that receives no byte
 for the read timeout is closed and its exchange told ``on_lost("timeout")``
-(:meth:`UpstreamConnection.watch`; one timer checks every open connection every quarter
-of the timeout, at most every second: nothing is scheduled per request). A connection
+(:meth:`UpstreamConnection.watch`; one timer sweeps every open connection every quarter
+of the timeout, at most every second, and a connection counts the sweeps since its last
+byte: nothing is scheduled, and no clock read, per request). A connection
 carries one exchange at a time: it calls the exchange's ``on_head``, ``on_body`` (each
 chunk as it arrives, no copy), ``on_done`` and ``on_lost``; 1xx interim answers are
 dropped. A connection goes back into the pool only when its exchange completed and the
@@ -234,11 +235,12 @@ class UpstreamPool:
         # The open connections; one timer sweeps them all while there are any (a timer,
         # or even a set update, per request costs more than the rest of its bookkeeping).
         self._conns: set[UpstreamConnection] = set()
-        self._tick = min(1.0, read_timeout_s / 4)
-        # A connection quiet for this many sweeps in a row had no byte for at least
-        # (sweeps - 1) ticks >= the read timeout (and at most one tick more, as when the
-        # sweep compared clocks).
-        self._quiet_sweeps = math.ceil(read_timeout_s / self._tick - 1e-9) + 1
+        # A tick of at most min(1 s, a quarter of the timeout) that divides it: a
+        # connection quiet for ``ticks + 1`` sweeps in a row had no byte for at least the
+        # read timeout, and at most one tick more.
+        ticks = max(4, math.ceil(read_timeout_s))
+        self._tick = read_timeout_s / ticks
+        self._quiet_sweeps = ticks + 1
         self._sweeping = False
         self._host = host
         self._port = port
@@ -327,8 +329,9 @@ class UpstreamPool:
         self._wake(None)
 
     def _sweep(self) -> None:
-        """Time out the connections that wait with no byte for the read timeout (checked
-        every quarter of it, at most every second, while any connection is open)."""
+        """Time out the connections that wait with no byte for the read timeout (swept
+        every quarter of it, at most every second, while any connection is open): one
+        quiet sweep more counted on each waiting connection."""
         self._sweeping = False
         limit = self._quiet_sweeps
         quiet: list[UpstreamConnection] = []

@@ -115,8 +115,8 @@ async def start_data_plane(
     traffic = settings.traffic
     intake = Intake(
         traffic.mode,
-        sink=service.offer,
-        reject=service.reject,
+        sink=service.admission.offer,  # compiled, with no Python function between
+        reject=service.admission.reject,
         task_resolver=HeaderTaskResolver(service.router, traffic.task_header),
         skip=None,
     )

@@ -338,10 +338,11 @@ async def _start_traffic(running: Running, metrics: Metrics) -> None:
         )
     else:
         running.traffic_server = TrafficServer(
-            sink=service.offer,
-            reject=service.reject,
-            # Both called for every proxied or mirrored request: compiled (setup.py), with no
-            # Python function between.
+            # The service's admission itself (what service.offer and .reject call): these
+            # run for every sampled request, compiled (setup.py), with no Python function
+            # between; so do the two below, for every proxied or mirrored request.
+            sink=service.admission.offer,
+            reject=service.admission.reject,
             task_resolver=HeaderTaskResolver(service.router, header),
             skip=service.admission.skip_by_head,
             metrics=proxy_metrics,

@@ -228,6 +228,7 @@ async def test_a_bug_on_the_fast_path_is_a_500_counted_once_and_the_body_still_w
     assert len(calls) == 2 and recorder.rejects == []
 
 
+@plain_python_only
 async def test_a_bug_after_the_proxy_relayed_the_answer_is_counted_once(
     upstream: Upstream,
     start_traffic: StartTraffic,

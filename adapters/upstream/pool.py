@@ -6,9 +6,9 @@
 first), opens a new one within the connect timeout, or, with ``max_connections`` in use,
 waits for one to come back. Once its request is sent, a connection that receives no byte
 for the read timeout is closed and its exchange told ``on_lost("timeout")``
-(:meth:`UpstreamConnection.watch`; one timer sweeps every open connection every quarter
-of the timeout, at most every second, and a connection counts the sweeps since its last
-byte: nothing is scheduled, and no clock read, per request). A connection
+(:meth:`UpstreamConnection.watch`; one timer sweeps every open connection at least every
+quarter of the timeout and every second, and a connection counts the sweeps since its
+last byte: nothing is scheduled, and no clock read, per request). A connection
 carries one exchange at a time: it calls the exchange's ``on_head``, ``on_body`` (each
 chunk as it arrives, no copy), ``on_done`` and ``on_lost``; 1xx interim answers are
 dropped. A connection goes back into the pool only when its exchange completed and the
@@ -330,8 +330,8 @@ class UpstreamPool:
 
     def _sweep(self) -> None:
         """Time out the connections that wait with no byte for the read timeout (swept
-        every quarter of it, at most every second, while any connection is open): one
-        quiet sweep more counted on each waiting connection."""
+        at least every quarter of it and every second, while any connection is open):
+        one quiet sweep more counted on each waiting connection."""
         self._sweeping = False
         limit = self._quiet_sweeps
         quiet: list[UpstreamConnection] = []

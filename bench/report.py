@@ -683,8 +683,9 @@ def loop_stall(doc: dict[str, Any]) -> list[str]:
         f"the loop over {doc['threshold_us']:g} µs, per 10,000 requests. Each held the "
         "requests then in flight: what the proxy's added p99 is made of, counted; a change "
         "in relmon's own work stands out of this count's spread between repeats where "
-        f"wrk's p99 often cannot. Medians of {doc['repeats']} repeats, the trees "
-        f"alternating. {_ran(doc)}",
+        f"wrk's p99 often cannot. A task's step is named by its coroutine and the "
+        "stretch it ran: from where it had waited to where it waits next (function:line). "
+        f"Medians of {doc['repeats']} repeats, the trees alternating. {_ran(doc)}",
         "",
         *_table(
             [

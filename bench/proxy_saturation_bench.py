@@ -245,20 +245,30 @@ GOALS: dict[str, Callable[[float], bool]] = {
 """Issue 22's goals for relmon against nginx, each ratio's test."""
 
 
-def _added_ratio(lat: dict[str, Any], key: str) -> float | None:
-    nginx = lat["nginx"][key] - lat["direct"][key]
-    return (lat["relmon"][key] - lat["direct"][key]) / nginx if nginx > 0 else None
+def _ratios(
+    added: dict[str, Any],
+    nginx_added: dict[str, Any],
+    sat: dict[str, Any],
+    nginx_sat: dict[str, Any],
+) -> dict[str, float | None]:
+    """A target against nginx: added p50 and p99 (None when nginx added nothing
+    measurable), requests/s and CPU per request."""
+    return {
+        "added_p50": added["p50_ms"] / nginx_added["p50_ms"] if nginx_added["p50_ms"] > 0 else None,
+        "added_p99": added["p99_ms"] / nginx_added["p99_ms"] if nginx_added["p99_ms"] > 0 else None,
+        "requests_per_s": sat["requests_per_s"] / nginx_sat["requests_per_s"],
+        "cpu_per_request": sat["cpu_s_per_10k"] / nginx_sat["cpu_s_per_10k"],
+    }
 
 
 def _repeat_ratios(lat: dict[str, Any], sat: dict[str, Any]) -> dict[str, float | None]:
     """relmon against nginx within one repeat (the targets minutes apart at most): paired
     ratios, which the host's drift from one repeat to the next does not move."""
-    return {
-        "added_p50": _added_ratio(lat, "p50_ms"),
-        "added_p99": _added_ratio(lat, "p99_ms"),
-        "requests_per_s": sat["relmon"]["requests_per_s"] / sat["nginx"]["requests_per_s"],
-        "cpu_per_request": sat["relmon"]["cpu_s_per_10k"] / sat["nginx"]["cpu_s_per_10k"],
+    added = {
+        t: {k: lat[t][k] - lat["direct"][k] for k in ("p50_ms", "p99_ms")}
+        for t in ("relmon", "nginx")
     }
+    return _ratios(added["relmon"], added["nginx"], sat["relmon"], sat["nginx"])
 
 
 def _summarize(latency: list[dict[str, Any]], saturation: list[dict[str, Any]]) -> dict[str, Any]:
@@ -281,14 +291,8 @@ def _summarize(latency: list[dict[str, Any]], saturation: list[dict[str, Any]]) 
         out["saturation"][t]["errors"] = sum(
             s[t]["non_2xx"] + s[t]["socket_errors"] for s in saturation
         )
-    ra, na = out["latency"]["relmon_added"], out["latency"]["nginx_added"]
-    rs, ns = out["saturation"]["relmon"], out["saturation"]["nginx"]
-    out["ratios"] = {
-        "added_p50": ra["p50_ms"] / na["p50_ms"] if na["p50_ms"] > 0 else None,
-        "added_p99": ra["p99_ms"] / na["p99_ms"] if na["p99_ms"] > 0 else None,
-        "requests_per_s": rs["requests_per_s"] / ns["requests_per_s"],
-        "cpu_per_request": rs["cpu_s_per_10k"] / ns["cpu_s_per_10k"],
-    }
+    na, ns = out["latency"]["nginx_added"], out["saturation"]["nginx"]
+    out["ratios"] = _ratios(out["latency"]["relmon_added"], na, out["saturation"]["relmon"], ns)
     pairs = zip(latency, saturation, strict=True)
     out["repeat_ratios"] = [_repeat_ratios(lat, sat) for lat, sat in pairs]
     out["repeats_meeting_goals"] = {
@@ -298,12 +302,7 @@ def _summarize(latency: list[dict[str, Any]], saturation: list[dict[str, Any]]) 
     for other in OTHERS:  # also against nginx, in the same run
         if other in targets:
             oa, os_ = out["latency"][f"{other}_added"], out["saturation"][other]
-            out[f"{other}_ratios"] = {
-                "added_p50": oa["p50_ms"] / na["p50_ms"] if na["p50_ms"] > 0 else None,
-                "added_p99": oa["p99_ms"] / na["p99_ms"] if na["p99_ms"] > 0 else None,
-                "requests_per_s": os_["requests_per_s"] / ns["requests_per_s"],
-                "cpu_per_request": os_["cpu_s_per_10k"] / ns["cpu_s_per_10k"],
-            }
+            out[f"{other}_ratios"] = _ratios(oa, na, os_, ns)
     return out
 
 

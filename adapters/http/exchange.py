@@ -9,8 +9,8 @@ most, whatever happens to it.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
-from time import perf_counter as _perf_counter
 from typing import Final
 
 from adapters.http.intake import HeaderView, Intake
@@ -37,8 +37,7 @@ _response_kind: Final = HeaderKinds(
 )
 _NO_HEADERS: Final[list[tuple[bytes, bytes]]] = []  # never changed: replaced
 _NO_NAMES: Final[frozenset[bytes]] = frozenset()
-# Final: compiled, a C global, where an imported name is a dict lookup on every call.
-perf_counter: Final = _perf_counter
+_perf_counter: Final = time.perf_counter  # compiled: a C global, no lookups per request
 
 
 def _named(connection: bytes) -> frozenset[bytes]:
@@ -176,7 +175,7 @@ class ProxyExchange(Exchange):
         if req.chunked:
             body = _chunk(body) + b"0\r\n\r\n" if body else b"0\r\n\r\n"
         conn.send(self, req.method == b"HEAD", request_head(req, self.fwd, body))
-        self.sent_at = perf_counter()
+        self.sent_at = _perf_counter()
 
     async def run(self, body: bytes, complete: bool, *, retry: bool = False) -> str | None:
         """Forward, relay, wait for the end; the failure reason or None (relayed whole).
@@ -262,7 +261,7 @@ class ProxyExchange(Exchange):
         if chunked:
             conn.write(b"0\r\n\r\n")
         conn.watch()
-        self.sent_at = perf_counter()
+        self.sent_at = _perf_counter()
         return True
 
     # -- the answer (called by the upstream connection) ------------------------------------
@@ -337,13 +336,13 @@ class ProxyExchange(Exchange):
                 self.oversize_response = True
 
     def on_done(self) -> None:
-        self.upstream_done_at = perf_counter()
+        self.upstream_done_at = _perf_counter()
         if self._whole is not None:
             self.guard.started = True
             self.client.write(b"".join(self._whole))
         elif self._rechunk:
             self.client.write(b"0\r\n\r\n")
-        self.client_done_at = perf_counter()
+        self.client_done_at = _perf_counter()
         self._end(None)
 
     def on_lost(self, reason: str) -> None:

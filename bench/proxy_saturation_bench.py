@@ -13,7 +13,10 @@ Debian's ``wrk`` (one thread, closed loop, a 1.7 KB chat-completion request body
 * Moderate load: ``--latency-connections`` (8) connections; each repeat runs wrk against
   the upstream directly, relmon and nginx, one after the other in a rotating order, so
   the three targets run within the same seconds. Added latency: a target's p50 (p99)
-  minus the direct call's p50 (p99) of the same repeat.
+  minus the direct call's p50 (p99) of the same repeat. Each target runs two windows in
+  a row: the first, right after it sat idle while the others ran, is reported apart
+  (``after_idle``: relmon's re-ask budget refilled meanwhile, and a lull's first
+  sampled requests start a burst of items), the second is the steady one.
 * Saturation: ``--connections`` (32) connections against relmon and nginx in
   alternating order: requests/s, and the CPU-seconds (user + system, every thread and
   worker of the proxy process) per 10,000 requests, read from ``/proc``.
@@ -46,6 +49,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -169,23 +173,35 @@ def _wrk_cpu(url: str, script: Path, conns: int, seconds: float, pids: list[int]
 
 def _measure(
     urls: dict[str, str], pids: dict[str, list[int]], script: Path, args: argparse.Namespace
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """Each repeat: every target at moderate load, one after the other in a rotating
+    order, two windows each: the first right after the target sat idle while the others
+    ran (reported apart), then the steady one; then the proxies at saturation."""
     latency: list[dict[str, Any]] = []
+    after_idle: list[dict[str, Any]] = []
     saturation: list[dict[str, Any]] = []
     targets = tuple(urls)
     proxies = targets[1:]
+    last: dict[str, float] = {}  # when each target's last window ended
     for target in targets:  # warm-up, not reported
         benchlib.wrk(urls[target], script, connections=args.connections, seconds=1)
+        last[target] = time.monotonic()
     for r in range(args.repeats):
         n = len(targets)
         order = targets[r % n :] + targets[: r % n]
-        rep = {
-            t: benchlib.wrk(
+        rep: dict[str, Any] = {}
+        idle: dict[str, Any] = {}
+        for t in order:
+            idle_s = time.monotonic() - last[t]
+            idle[t] = benchlib.wrk(
+                urls[t], script, connections=args.latency_connections, seconds=args.seconds
+            ) | {"idle_s": idle_s}
+            rep[t] = benchlib.wrk(
                 urls[t], script, connections=args.latency_connections, seconds=args.seconds
             )
-            for t in order
-        }
+            last[t] = time.monotonic()
         latency.append(rep)
+        after_idle.append(idle)
         sat: dict[str, Any] = {}
         k = r % len(proxies)
         for t in proxies[k:] + proxies[:k]:
@@ -193,10 +209,13 @@ def _measure(
                 sat[t] = _profiled(urls[t], script, pids[t][0], args)
             else:
                 sat[t] = _wrk_cpu(urls[t], script, args.connections, args.seconds, pids[t])
+            last[t] = time.monotonic()
         saturation.append(sat)
         print(
             f"  repeat {r + 1}: p50 "
             + " ".join(f"{t} {rep[t]['p50_ms']:.3f}" for t in targets)
+            + " ms | p99 after idle "
+            + " ".join(f"{t} {idle[t]['p99_ms']:.3f}" for t in targets)
             + " ms | sat "
             + " ".join(f"{t} {sat[t]['requests_per_s']:,.0f}" for t in proxies)
             + " req/s | cpu/10k "
@@ -205,7 +224,7 @@ def _measure(
             file=sys.stderr,
             flush=True,
         )
-    return latency, saturation
+    return latency, after_idle, saturation
 
 
 def _profiled(url: str, script: Path, pid: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -306,6 +325,25 @@ def _summarize(latency: list[dict[str, Any]], saturation: list[dict[str, Any]]) 
     return out
 
 
+def _after_idle(windows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The first window after each target sat idle: its added latency (medians over the
+    repeats), how long it had been idle, and the proxies' added p99 against nginx's."""
+    med = benchlib.median
+    targets = tuple(windows[0])
+    out: dict[str, Any] = {
+        "idle_s": {t: med([w[t]["idle_s"] for w in windows]) for t in targets},
+        "added": {
+            t: {k: med([w[t][k] - w["direct"][k] for w in windows]) for k in ("p50_ms", "p99_ms")}
+            for t in targets[1:]
+        },
+    }
+    nginx_p99 = out["added"]["nginx"]["p99_ms"]
+    out["added_p99_ratio"] = {
+        t: a["p99_ms"] / nginx_p99 if nginx_p99 > 0 else None for t, a in out["added"].items()
+    }
+    return out
+
+
 def _start_relmon(
     args: argparse.Namespace, tmp: Path, up_port: int, tree: Path, traffic_extra: str
 ) -> tuple[subprocess.Popen[bytes], int]:
@@ -377,7 +415,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 )
                 urls["plane"] = f"http://127.0.0.1:{plane_port}{path}"
                 pids["plane"] = [plane.pid]
-            latency, saturation = _measure(urls, pids, script, args)
+            latency, after_idle, saturation = _measure(urls, pids, script, args)
         finally:
             for proc in (nginx, relmon, lean, before, plane):
                 if proc is not None:
@@ -405,9 +443,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "before": benchlib.compiled(args.baseline_tree) if args.baseline_tree else None,
         },
         "machine": start_machine,
-        "repeat_results": {"latency": latency, "saturation": saturation},
+        "repeat_results": {
+            "latency": latency,
+            "latency_after_idle": after_idle,
+            "saturation": saturation,
+        },
     }
     report |= _summarize(latency, saturation)
+    report["after_idle"] = _after_idle(after_idle)
     if args.profile is not None:
         report["profile"] = json.loads(args.profile.read_text())
     report["label"] = args.label

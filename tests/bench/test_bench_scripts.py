@@ -132,6 +132,19 @@ def test_proxy_saturation_bench_beside_nginx(quick: tuple[Path, dict[str, str | 
     met = doc["repeats_meeting_goals"]
     assert met["requests_per_s"] == (1 if paired["requests_per_s"] >= 0.7 else 0)
     assert met["cpu_per_request"] == (1 if paired["cpu_per_request"] <= 2 else 0)
+    # Each target's window right after it sat idle, apart from the steady one.
+    (windows,) = doc["repeat_results"]["latency_after_idle"]
+    idle = doc["after_idle"]
+    for target in ("relmon", "nginx"):
+        assert windows[target]["idle_s"] > 0 and windows[target]["non_2xx"] == 0
+        assert idle["added"][target]["p99_ms"] == pytest.approx(
+            windows[target]["p99_ms"] - windows["direct"]["p99_ms"]
+        )
+    nginx_p99 = idle["added"]["nginx"]["p99_ms"]
+    if nginx_p99 > 0:
+        assert idle["added_p99_ratio"]["relmon"] == pytest.approx(
+            idle["added"]["relmon"]["p99_ms"] / nginx_p99
+        )
 
 
 @pytest.mark.timeout(600)

@@ -382,8 +382,10 @@ def _after_idle(doc: dict[str, Any]) -> list[str]:
         f"({_x(idle['added_p99_ratio']['relmon'])}; p50 +{relmon['p50_ms']:.3f} against "
         f"+{nginx['p50_ms']:.3f}). While relmon sees no traffic its re-ask budget "
         "(`budget.calls_per_minute`, a token bucket) refills, and the first sampled "
-        "requests after the lull start a burst of items, up to the calls it saved (a "
-        "minute's at most), which this model, answering at once, lets run back to back.",
+        "requests after the lull start more items than steady traffic brings in as many "
+        "seconds (up to the calls it saved, a minute's at most). Each item holds the event "
+        "loop a dozen times, and each time the requests in flight wait: enough of them in "
+        "one window reach the p99.",
     ]
 
 

@@ -1,14 +1,22 @@
-"""The call budget's utilization: calls settled in the last minute plus calls held, / budget."""
+"""The call budget: its utilization (calls settled in the last minute plus calls held, /
+budget) and the pace at which items start (budget.pace)."""
 
 from __future__ import annotations
+
+import asyncio
+import itertools
+import time
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
+from monitor.config import BudgetSettings
 from monitor.core.events import parse_event
 from monitor.core.sampler import CallBudget
+from monitor.engine.service import MonitorService
+from monitor.testing import FakeModelClient
 from tests.test_service import event, make_service
 
 
@@ -71,9 +79,6 @@ def test_utilization_matches_a_brute_force_recount(
 
 
 async def test_service_exports_budget_utilization() -> None:
-    from monitor.config import BudgetSettings
-    from monitor.testing import FakeModelClient
-
     registry = CollectorRegistry()
     service, _, _, _ = make_service(
         client=FakeModelClient(lambda q, i: "5"),
@@ -91,3 +96,61 @@ async def test_service_exports_budget_utilization() -> None:
     used = service.stats.calls
     assert used >= 3 * 3  # k0 = 3 samples at least per item
     assert registry.get_sample_value("relmon_budget_utilization") == pytest.approx(used / 1_000)
+
+
+async def _first_calls(
+    *, pace: bool, items: int, per_minute: int, stop_at_once: bool = False
+) -> tuple[list[float], float, MonitorService, float]:
+    """Offer ``items`` items at once; the event loop's time of each item's first model
+    call, the pace's interval, the service, and how long draining (or a stop) took."""
+    starts: dict[str, float] = {}
+
+    def answer(query: str, _: int) -> str:
+        starts.setdefault(query, asyncio.get_running_loop().time())
+        return "5"
+
+    service, _, _, _ = make_service(
+        client=FakeModelClient(answer),
+        budget=BudgetSettings(
+            calls_per_minute=per_minute, max_in_flight=4, queue_size=100, pace=pace
+        ),
+    )
+    service.start()
+    for i in range(items):
+        assert service.offer(parse_event(event(i, i, 7)), "test").decision == "sampled"
+    began = time.perf_counter()
+    if stop_at_once:
+        assert await service.stop(30)
+    else:
+        await service.drain()
+        await service.stop(1)
+    took = time.perf_counter() - began
+    task = next(iter(service.tasks.values()))
+    return sorted(starts.values()), task.fewest_calls * 60 / per_minute, service, took
+
+
+async def test_paced_items_start_the_fewest_calls_apart() -> None:
+    """budget.pace: items admitted at once start one per fewest_calls / rate seconds
+    (6 calls at 6,000 a minute: 0.06 s), and every one is scored."""
+    starts, interval, service, _ = await _first_calls(pace=True, items=5, per_minute=6_000)
+    assert interval == pytest.approx(0.06)
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    assert len(starts) == 5 and min(gaps) >= interval - 0.002, gaps
+    assert service.stats.scored == 5
+
+
+async def test_unpaced_items_start_together() -> None:
+    starts, interval, service, _ = await _first_calls(pace=False, items=5, per_minute=6_000)
+    assert len(starts) == 5 and starts[-1] - starts[0] < interval / 2
+    assert service.stats.scored == 5
+
+
+async def test_a_stop_starts_the_paced_items_at_once() -> None:
+    """At 600 calls a minute 8 items would take 4.2 s to start; a stop starts the waiting
+    ones at once, and all are scored, none interrupted."""
+    _, interval, service, took = await _first_calls(
+        pace=True, items=8, per_minute=600, stop_at_once=True
+    )
+    assert interval == pytest.approx(0.6)
+    assert took < 7 * interval / 2
+    assert service.stats.scored == 8 and service.stats.interrupted == 0

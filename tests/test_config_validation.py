@@ -603,12 +603,16 @@ def test_fewest_samples_matches_the_mixture_e_value_by_hand() -> None:
     """Unanimous n answers, uniform prior on [1/2, 1]: E = (2^(n+1) - 1) / (n + 1).
 
     The default runner-up rule stops at E >= 2/delta; the mixture at E >= 1/delta
-    (one rival when every answer agrees)."""
+    (one rival when every answer agrees). Without the futility stop, which at k0 = 1
+    can give up earlier (tests/test_stopping.py)."""
     for delta in (0.05, 0.01, 0.2):
         for rule, c in (("runner-up", 2), ("mixture", 1)):
             expected = next(n for n in range(1, 100) if (2 ** (n + 1) - 1) / (n + 1) >= c / delta)
             task = load_settings(
-                None, tasks=[{"name": "t", "delta": delta, "k0": 1, "stopping_rule": rule}]
+                None,
+                tasks=[
+                    {"name": "t", "delta": delta, "k0": 1, "stopping_rule": rule, "futility": False}
+                ],
             ).tasks[0]
             assert fewest_samples(task) == expected
     # The default truncated rule: 6 unanimous answers at K_max = 20, delta = 0.05 (the

@@ -402,7 +402,7 @@ async def test_top_answer_sli_counts_each_verdict_with_weight_one_over_pi() -> N
 async def test_a_repeated_event_is_a_duplicate_and_a_waiting_source_gets_busy() -> None:
     client = FakeModelClient(arithmetic_model(1.0))
     clock = ManualClock()
-    budget = BudgetSettings(calls_per_minute=20, max_in_flight=1, queue_size=10)
+    budget = BudgetSettings(calls_per_minute=20, max_in_flight=1, queue_size=10, pace=False)
     service, store, _, registry = make_service(client=client, clock=clock, budget=budget)
     await service.load()
     first = service.offer(parse_event(event(1)), "kafka", wait=True)

@@ -18,6 +18,8 @@ from monitor.core.stopping import (
     MixtureRule,
     RunnerUpRule,
     TruncatedRule,
+    available_rules,
+    fewest_samples,
     get_stopping_rule,
     mixture_log_e_value,
 )
@@ -146,6 +148,47 @@ def test_batches_never_overshoot(draws: list[int], k0: int, which: str) -> None:
         decision = rule.decide(counts)
     assert used == _stop_one_at_a_time(rule, draws)
     assert used <= rule.k_max
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    draws=st.lists(st.integers(0, 7), min_size=40, max_size=40),
+    which=st.sampled_from(sorted(available_rules())),
+    sizes=st.tuples(st.integers(1, 6), st.integers(6, 40)),
+    delta=st.sampled_from([0.01, 0.05, 0.2]),
+    futility=st.booleans(),
+)
+def test_no_item_stops_before_the_fewest_samples(
+    draws: list[int], which: str, sizes: tuple[int, int], delta: float, futility: bool
+) -> None:
+    """fewest_samples is a floor on the calls of every item, answers however they come
+    (driven in batches as the workers drive it): the workers pace item starts by it."""
+    k0, k_max = sizes
+    rule = get_stopping_rule(which, k0=k0, k_max=k_max, delta=delta, futility=futility)
+    fewest = fewest_samples(rule)
+    counts, used = [0] * 8, 0
+    decision = rule.decide([])
+    while not decision.stop:
+        for d in draws[used : used + decision.more]:
+            counts[d] += 1
+        used += decision.more
+        decision = rule.decide(counts)
+    assert used >= fewest >= k0
+
+
+def test_fewest_samples_is_reached_by_some_answers() -> None:
+    """The floor is tight: unanimous answers stop at it without the futility stop, and
+    with it the futility stop can come first (a 2-2 split at k0 = 3, K_max = 12: the
+    truncated rule gives up after 4, where unanimous answers need 6)."""
+    for which in sorted(available_rules()):
+        rule = get_stopping_rule(which, futility=False)
+        unanimous = rule.decide([]).more
+        while not rule.decide([unanimous]).stop:
+            unanimous += rule.decide([unanimous]).more
+        assert fewest_samples(rule) == unanimous
+    truncated = TruncatedRule(k_max=12, futility=True)
+    assert fewest_samples(truncated) == 4
+    assert truncated.decide([2, 2]).stop and not truncated.decide([4]).stop
 
 
 def test_decide_reports_certification_and_budget() -> None:

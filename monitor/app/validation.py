@@ -24,20 +24,18 @@ from monitor.config.schema import (
 )
 from monitor.config.secrets import given_twice
 from monitor.core.errors import ConfigError
+from monitor.core.stopping import fewest_samples as rule_fewest_samples
 from monitor.core.stopping import get_stopping_rule
 
 __all__ = ["budget_warnings", "fewest_samples", "validate_settings"]
 
 
 def fewest_samples(task: TaskSettings) -> int:
-    """The fewest samples an item of this task can use: unanimous answers from the start."""
+    """The fewest samples an item of this task can use (:func:`rule_fewest_samples`)."""
     rule = get_stopping_rule(
         task.stopping_rule, k0=task.k0, k_max=task.k_max, delta=task.delta, futility=task.futility
     )
-    for k in range(1, task.k_max + 1):
-        if rule.decide([k]).stop:
-            return k
-    return task.k_max
+    return rule_fewest_samples(rule)
 
 
 def budget_warnings(settings: Settings) -> list[str]:

@@ -366,6 +366,7 @@ class BudgetSettings(_Strict):
     calls_per_minute: int = Field(600, ge=1)
     max_in_flight: int = Field(8, ge=1)
     queue_size: int = Field(64, ge=1)
+    pace: bool = True
 
 
 class Settings(BaseSettings):

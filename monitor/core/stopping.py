@@ -120,7 +120,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -139,6 +139,7 @@ __all__ = [
     "StoppingRule",
     "TruncatedRule",
     "available_rules",
+    "fewest_samples",
     "get_stopping_rule",
     "mixture_log_e_value",
 ]
@@ -406,3 +407,24 @@ def get_stopping_rule(name: str = DEFAULT_RULE, **options: Any) -> StoppingRule:
         return factory(**options)
     except TypeError as exc:
         raise ConfigError(f"bad options for stopping rule {name!r}: {exc}") from None
+
+
+def fewest_samples(rule: StoppingRule) -> int:
+    """The fewest samples after which ``rule`` can stop an item, whatever its answers
+    (every split of k answers into classes is tried, k = 1, 2, ...): with every item
+    using at least this many calls, a budget of r calls/s starts at most r / this many
+    items a second in the long run."""
+    for k in range(1, rule.k_max + 1):
+        if any(rule.decide(split).stop for split in _partitions(k, k)):
+            return k
+    return rule.k_max
+
+
+def _partitions(n: int, largest: int) -> Iterator[list[int]]:
+    """The splits of ``n`` answers into class counts, largest first, none above ``largest``."""
+    if n == 0:
+        yield []
+        return
+    for first in range(min(n, largest), 0, -1):
+        for rest in _partitions(n - first, first):
+            yield [first, *rest]

@@ -20,7 +20,7 @@ from monitor.core.events import TrafficEvent
 from monitor.core.judging import DEFAULT_JUDGE_TEMPLATE
 from monitor.core.priority import prioritised_inclusion_probability
 from monitor.core.reask import ReaskPolicy
-from monitor.core.stopping import StoppingRule
+from monitor.core.stopping import StoppingRule, fewest_samples
 from monitor.engine.metrics import TRAFFIC_DECISIONS
 from monitor.engine.ports import ModelClient
 
@@ -52,10 +52,10 @@ class TaskRuntime:
     client: ModelClient
     sync_canonicalizer: Canonicalizer | None = None
     client_outcomes: tuple[str, ...] = ()
+    """Every ``relmon_model_calls_total{outcome}`` value the client reports (pre-created)."""
     judge: ModelClient | None = None
     """The LLM judge of ``tasks[].judge`` (judge-assisted level), if any."""
     judge_template: str = DEFAULT_JUDGE_TEMPLATE
-    """Every ``relmon_model_calls_total{outcome}`` value the client reports (pre-created)."""
 
     @property
     def name(self) -> str:
@@ -70,6 +70,12 @@ class TaskRuntime:
         """
         s = self.settings
         return s.endpoint.model or s.match.model or self.name
+
+    @functools.cached_property
+    def fewest_calls(self) -> int:
+        """The fewest model calls an item of this task can use (its rule's fewest
+        samples): what the workers pace item starts by (:class:`WorkerPool`)."""
+        return fewest_samples(self.rule)
 
     @functools.cached_property
     def reask(self) -> ReaskPolicy:

@@ -119,6 +119,7 @@ class MonitorService:
             log_prompts=log_prompts,
             # The key of the logged query hash (HMAC); a random one per process if none.
             query_hash_key=query_hash_key or secrets.token_bytes(32),
+            pace=budget.pace,
         )
         # A verdict for an unknown item, or one that cannot be read, has no model or task:
         # it is counted in relmon_verdicts_rejected_total{reason} (created at 0 by Metrics).

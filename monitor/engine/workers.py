@@ -30,7 +30,7 @@ from monitor.engine.judged import ask_judge
 from monitor.engine.metrics import Metrics
 from monitor.engine.ports import Clock, Judgement, ModelClient
 from monitor.engine.reviews import ReviewRouter
-from monitor.engine.runtime import Job, ServiceStats, item_seed_key
+from monitor.engine.runtime import Job, ServiceStats, TaskRuntime, item_seed_key
 
 __all__ = ["WorkerPool"]
 
@@ -46,7 +46,16 @@ async def _yield() -> None:
 
 
 class WorkerPool:
-    """``max_in_flight`` workers on one bounded queue."""
+    """``max_in_flight`` workers on one bounded queue.
+
+    With ``pace`` (``budget.pace``) items start no faster than the budget refills the
+    fewest calls each can use (:attr:`TaskRuntime.fewest_calls`, 6 calls = 0.6 s at the
+    default 600 calls/min). Every item uses at least that many, so in the long run this
+    never binds; after a lull it spreads the items a refilled budget admits at once,
+    which otherwise all run in the first seconds, beside the live requests on the same
+    event loop and against the same model server. A stop lets the waiting items start
+    at once.
+    """
 
     def __init__(
         self,
@@ -63,6 +72,7 @@ class WorkerPool:
         seed: int,
         log_prompts: bool,
         query_hash_key: bytes,
+        pace: bool = True,
     ) -> None:
         self.queue = queue
         self.size = size
@@ -79,6 +89,11 @@ class WorkerPool:
         self.busy = 0
         """Jobs a worker is handling now."""
         self._workers: list[asyncio.Task[None]] = []
+        self.pace = pace
+        self._next_start = 0.0
+        """The event loop's time at which the next item may start (``pace``)."""
+        self._hurry = asyncio.Event()
+        """Set by a stop: no more pacing."""
 
     @property
     def in_flight(self) -> int:
@@ -104,6 +119,7 @@ class WorkerPool:
         commit them and they are delivered again after a restart.
         """
         drained = True
+        self._hurry.set()  # the admitted items start now, to finish within the timeout
         try:
             await asyncio.wait_for(self.queue.join(), timeout_s)
         except TimeoutError:
@@ -126,6 +142,7 @@ class WorkerPool:
             job = await self.queue.get()
             self.busy += 1
             try:
+                await self._paced(job.task)
                 await self._process(job)
             except Exception:  # one item's failure must not stop the worker
                 log.exception("item_failed", item=job.item_id, task=job.task.name)
@@ -134,6 +151,17 @@ class WorkerPool:
             finally:
                 self.busy -= 1
                 self.queue.task_done()
+
+    async def _paced(self, task: TaskRuntime) -> None:
+        """Wait for this item's turn to start (the class's ``pace``)."""
+        if not self.pace or self._hurry.is_set():
+            return
+        now = asyncio.get_running_loop().time()
+        start = max(now, self._next_start)
+        self._next_start = start + task.fewest_calls / self.budget.rate
+        if start > now:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._hurry.wait(), start - now)
 
     def _interrupted(self, job: Job) -> None:
         model = job.task.model

@@ -183,7 +183,9 @@ async def test_kafka_backlog_over_budget_is_paced_to_the_end_in_drain_mode(
         group=unique("paced"),
         port=free_port(),
         task={"k_max": 3, "k0": 3, "review_rate": 0.05},
-        budget={"calls_per_minute": 1200, "queue_size": 16},
+        # Unpaced: the bucket's 1,200 calls at once (paced, 3 calls every 0.15 s, the
+        # backlog would take 72 s; tests/test_budget.py tests the pace).
+        budget={"calls_per_minute": 1200, "queue_size": 16, "pace": False},
     )
     started = time.monotonic()
     proc = await run_relmon(cfg, out, 3, log)

@@ -367,25 +367,39 @@ def _per_repeat(doc: dict[str, Any]) -> list[str]:
     ]
 
 
+_AFTER_IDLE_OTHERS = {
+    "before": "the code before the change",
+    "plane": "the data plane alone",
+    "lean": "the lean proxy",
+}
+
+
 def _after_idle(doc: dict[str, Any]) -> list[str]:
     """The first window after each target sat idle, reported apart from the table."""
     idle = doc.get("after_idle")
     if not idle:
         return []
     relmon, nginx = idle["added"]["relmon"], idle["added"]["nginx"]
+    ratios = idle["added_p99_ratio"]
+    others = [
+        f"{name} {_x(ratios[key])}" for key, name in _AFTER_IDLE_OTHERS.items() if key in ratios
+    ]
     return [
         "",
         "The table holds each target's steady window. Its first window of a repeat, right "
         "after it sat idle while the others ran (relmon: "
         f"{idle['idle_s']['relmon']:.0f} s), is measured apart: there relmon added "
         f"+{relmon['p99_ms']:.3f} ms at p99 against nginx's +{nginx['p99_ms']:.3f} "
-        f"({_x(idle['added_p99_ratio']['relmon'])}; p50 +{relmon['p50_ms']:.3f} against "
-        f"+{nginx['p50_ms']:.3f}). While relmon sees no traffic its re-ask budget "
-        "(`budget.calls_per_minute`, a token bucket) refills, and the first sampled "
-        "requests after the lull start more items than steady traffic brings in as many "
-        "seconds (up to the calls it saved, a minute's at most). Each item holds the event "
-        "loop a dozen times, and each time the requests in flight wait: enough of them in "
-        "one window reach the p99.",
+        f"({_x(ratios['relmon'])}; p50 +{relmon['p50_ms']:.3f} against "
+        f"+{nginx['p50_ms']:.3f})"
+        + (f"; in their first windows, {', '.join(others)}" if others else "")
+        + ". While relmon sees no traffic its re-ask budget (`budget.calls_per_minute`, a "
+        "token bucket) refills, and the first sampled requests after the lull are admitted "
+        "as items up to the calls it saved. Each item holds the event loop a dozen times, "
+        "and each time the requests in flight wait: started at once, enough of them fall in "
+        "one window to reach the p99. With `budget.pace` (the default) they start no "
+        "faster than the budget refills an item's fewest calls (0.6 s apart at the "
+        "default budget), about as many to a window as in steady traffic.",
     ]
 
 

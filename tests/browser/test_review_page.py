@@ -88,7 +88,8 @@ def http_get(url: str, token: str | None = TOKEN) -> tuple[int, bytes]:
         with urllib.request.urlopen(request, timeout=10) as r:
             return r.status, r.read()
     except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
+        with exc:  # its socket closed even if reading the body fails
+            return exc.code, exc.read()
 
 
 @dataclass

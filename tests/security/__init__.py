@@ -235,7 +235,8 @@ def _call(request: urllib.request.Request) -> tuple[int, bytes]:
         with urllib.request.urlopen(request, timeout=30) as resp:
             return resp.status, resp.read()
     except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
+        with exc:  # its socket closed even if reading the body fails
+            return exc.code, exc.read()
 
 
 def raw_http(port: int, request: bytes, timeout_s: float = 30.0) -> tuple[int, bytes]:

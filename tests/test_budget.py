@@ -154,3 +154,25 @@ async def test_a_stop_starts_the_paced_items_at_once() -> None:
     assert interval == pytest.approx(0.6)
     assert took < 7 * interval / 2
     assert service.stats.scored == 8 and service.stats.interrupted == 0
+
+
+async def test_items_waiting_counts_the_queued_and_the_paced() -> None:
+    """relmon_items_waiting: admitted items not started, whether queued or taken by a
+    worker and waiting for their turn; 0 once all have started."""
+    registry = CollectorRegistry()
+    service, _, _, _ = make_service(
+        client=FakeModelClient(lambda q, i: "5"),
+        budget=BudgetSettings(calls_per_minute=600, max_in_flight=2, queue_size=10),
+        registry=registry,
+    )
+    service.start()
+    for i in range(5):
+        service.offer(parse_event(event(i, i, 7)), "test")
+    await asyncio.sleep(0.1)  # the first is done; its slot's successors wait 0.6 s each
+    service.publish()
+    assert registry.get_sample_value("relmon_items_waiting") == 4
+    assert service.workers.queue.qsize() == 2  # and each of the 2 workers holds one
+    assert await service.stop(30)
+    service.publish()
+    assert registry.get_sample_value("relmon_items_waiting") == 0
+    assert service.stats.scored == 5

@@ -98,15 +98,17 @@ def _rank_buckets(k_max: int) -> list[float]:
 
 
 class Metrics:
-    """Every relmon metric, in four groups: the calibration (level, bound, thresholds),
-    the items (sets, samples, durations, model calls), traffic and reviews, and the
-    live checks and health (SLI, coverage, alarm, breaker, sources, budget)."""
+    """Every relmon metric, in groups: the calibration (level, bound, thresholds), the
+    items (sets, samples, durations, model calls), traffic and reviews, the live checks
+    and health (SLI, coverage, alarm, breaker, sources), the budget (its use, the items
+    waiting) and the judge."""
 
     def __init__(self, registry: CollectorRegistry, *, k_max: int = 20) -> None:
         self._calibration_metrics(registry)
         self._item_metrics(registry, k_max)
         self._traffic_and_review_metrics(registry)
         self._check_and_health_metrics(registry)
+        self._budget_metrics(registry)
         self._judge_metrics(registry)
 
     def _judge_metrics(self, registry: CollectorRegistry) -> None:
@@ -258,6 +260,20 @@ class Metrics:
         for reason in REJECTED_VERDICT_REASONS:
             self.verdicts_rejected.labels(reason)
 
+    def _budget_metrics(self, registry: CollectorRegistry) -> None:
+        """The call budget's use and the admitted items not started yet."""
+        self.budget_utilization = Gauge(
+            "relmon_budget_utilization",
+            "Share of the calls-per-minute budget reserved by admitted items (0..1).",
+            registry=registry,
+        )
+        self.items_waiting = Gauge(
+            "relmon_items_waiting",
+            "Admitted items not started yet: waiting for a worker, or with budget.pace for "
+            "their turn.",
+            registry=registry,
+        )
+
     def _check_and_health_metrics(self, registry: CollectorRegistry) -> None:
         """The SLI, the live self-check, the alarm and health (docs/metrics.md)."""
         mt = ("model", "task")
@@ -323,11 +339,6 @@ class Metrics:
             "Restarts of a source after it failed: the Kafka traffic source (kafka) and the "
             "verdict follower (verdicts). The mirror and proxy listeners are never restarted.",
             ("source",),
-            registry=registry,
-        )
-        self.budget_utilization = Gauge(
-            "relmon_budget_utilization",
-            "Share of the calls-per-minute budget reserved by admitted items (0..1).",
             registry=registry,
         )
         self.kafka_consumer_lag = Gauge(

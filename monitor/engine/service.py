@@ -163,9 +163,10 @@ class MonitorService:
         return [name for name, t in self.tasks.items() if t.client.circuit_state != "closed"]
 
     def publish(self) -> None:
-        """Refresh every window's gauges (decay moves with time, not only with verdicts)
-        and each task's ``relmon_circuit_open``."""
+        """Refresh every window's gauges (decay moves with time, not only with verdicts),
+        each task's ``relmon_circuit_open``, the budget's use and the items waiting."""
         self.metrics.budget_utilization.set(self.budget.utilization(self.clock.monotonic()))
+        self.metrics.items_waiting.set(self.workers.waiting)
         open_now = set(self.circuits_open())
         for name, task in self.tasks.items():
             self.metrics.circuit_open.labels(task.model, name).set(1.0 if name in open_now else 0.0)

@@ -94,11 +94,19 @@ class WorkerPool:
         """The event loop's time at which the next item may start (``pace``)."""
         self._hurry = asyncio.Event()
         """Set by a stop: no more pacing."""
+        self._pacing = 0
+        """Workers waiting for their item's turn."""
 
     @property
     def in_flight(self) -> int:
         """Admitted items not finished: being handled or queued."""
         return self.busy + self.queue.qsize()
+
+    @property
+    def waiting(self) -> int:
+        """Admitted items not started: queued, or taken by a worker and waiting for their
+        turn (``pace``)."""
+        return self.queue.qsize() + self._pacing
 
     def start(self) -> None:
         if not self._workers:
@@ -160,8 +168,12 @@ class WorkerPool:
         start = max(now, self._next_start)
         self._next_start = start + task.fewest_calls / self.budget.rate
         if start > now:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._hurry.wait(), start - now)
+            self._pacing += 1
+            try:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._hurry.wait(), start - now)
+            finally:
+                self._pacing -= 1
 
     def _interrupted(self, job: Job) -> None:
         model = job.task.model

@@ -193,12 +193,13 @@ def _measure(
         idle: dict[str, Any] = {}
         for t in order:
             idle_s = time.monotonic() - last[t]
-            idle[t] = benchlib.wrk(
-                urls[t], script, connections=args.latency_connections, seconds=args.seconds
-            ) | {"idle_s": idle_s}
-            rep[t] = benchlib.wrk(
-                urls[t], script, connections=args.latency_connections, seconds=args.seconds
+            idle[t], rep[t] = (
+                benchlib.wrk(
+                    urls[t], script, connections=args.latency_connections, seconds=args.seconds
+                )
+                for _ in range(2)
             )
+            idle[t]["idle_s"] = idle_s
             last[t] = time.monotonic()
         latency.append(rep)
         after_idle.append(idle)

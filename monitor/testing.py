@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from monitor.core.apis.base import Route, WireApi
 from monitor.core.errors import ModelCallError
 from monitor.core.events import query_text
 from monitor.core.review import ReviewItem, Verdict
@@ -33,17 +34,30 @@ class ManualClock:
 
 
 class FakeModelClient:
-    """Answers with ``answer(query_text, call_index)``; raises when it returns an exception."""
+    """Answers with ``answer(query, call_index)``, the query read in the call's API;
+    raises when it returns an exception. ``routes`` keeps each call's (api, route)."""
 
     def __init__(self, answer: Callable[[str, int], str | Exception]) -> None:
         self.answer = answer
         self.calls = 0
         self.circuit_state: CircuitState = "closed"
+        self.routes: list[tuple[str, Route | None]] = []
+        self.requests: list[Mapping[str, Any]] = []
 
-    async def sample(self, request: Mapping[str, Any], n: int) -> list[str]:
+    async def sample(
+        self,
+        request: Mapping[str, Any],
+        n: int,
+        *,
+        api: WireApi | None = None,
+        route: Route | None = None,
+    ) -> list[str]:
+        self.routes.append((api.name if api is not None else "openai.chat", route))
+        self.requests.append(request)
+        query = query_text(request, api)
         out = []
         for _ in range(n):
-            result = self.answer(query_text(request), self.calls)
+            result = self.answer(query, self.calls)
             self.calls += 1
             if isinstance(result, Exception):
                 raise ModelCallError(str(result), retriable=True)

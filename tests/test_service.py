@@ -436,7 +436,7 @@ async def test_items_unfinished_at_shutdown_are_counted_as_interrupted() -> None
     class Hanging:
         circuit_state = "closed"
 
-        async def sample(self, request: object, n: int) -> list[str]:
+        async def sample(self, request: object, n: int, **_: object) -> list[str]:
             await asyncio.Event().wait()
             return []
 

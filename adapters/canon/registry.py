@@ -30,6 +30,7 @@ from typing import Any
 
 from adapters.canon.embedding import EmbeddingCanonicalizer
 from adapters.canon.llm import LlmCanonicalizer
+from monitor.core.apis.base import Route, WireApi
 from monitor.core.canon import (
     INVALID,
     AsyncCanonicalizer,
@@ -225,7 +226,14 @@ class _UnbuiltClient:
 
     circuit_state: CircuitState = "closed"
 
-    async def sample(self, request: Mapping[str, Any], n: int) -> list[str]:
+    async def sample(
+        self,
+        request: Mapping[str, Any],
+        n: int,
+        *,
+        api: WireApi | None = None,
+        route: Route | None = None,
+    ) -> list[str]:
         raise AssertionError("unreachable")
 
     async def aclose(self) -> None:

@@ -15,7 +15,8 @@ Child to main:
   upstream's ``(body, headers)`` or None; the main process parses and offers it;
   ``("reject", source, reason)``: an event request counted ``rejected`` in the child;
   ``("counts", decisions, proxy counts)``: events decided in the child since the last
-  such frame (``{(source, decision): n}``: ``skipped``, ``dropped``) and the proxy's
+  such frame (``{(source, decision): n}``: ``skipped``, ``dropped``; and the requests
+  by wire API, ``{(source, "api:" + api): n}``: :data:`API_KEY`) and the proxy's
   metrics (:meth:`~.proxy_metrics.ProxyMetrics.take`), every 0.1 s when not zero;
   ``("synced", n)``: everything before it was sent (the answer to ``("sync", n)``);
   ``("stopped",)``: drained, about to exit.
@@ -41,7 +42,7 @@ import signal
 import socket
 import struct
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Final
 
 import structlog
 
@@ -90,6 +91,10 @@ async def read_frame(reader: asyncio.StreamReader) -> tuple[Any, ...] | None:
     return message
 
 
+API_KEY: Final = "api:"
+"""The prefix of a ``counts`` frame's key that counts requests by API, not a decision."""
+
+
 class Relay:
     """The child's side: what the traffic server hands on goes out as frames."""
 
@@ -120,6 +125,12 @@ class Relay:
             return
         shipped = None if answer is None else (bytes(answer[0]), answer[1].raw)
         self._send(("offer", source, headers.raw, path, bytes(raw), shipped, rid, draw))
+
+    def seen(self, source: str, api: str) -> None:
+        """:data:`~.intake.SeenCallback`: counted by the main process with the next
+        ``counts`` frame."""
+        key = (source, API_KEY + api)
+        self.decisions[key] = self.decisions.get(key, 0) + 1
 
     def reject(self, source: str, reason: str) -> None:
         """:data:`~.intake.RejectCallback`: counted ``rejected`` by the main process."""

@@ -30,15 +30,23 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import random
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Final
 
 import msgspec
 import structlog
 
 from adapters.http import messages
+from monitor.core.apis.base import WireApi
+from monitor.core.apis.registry import GENERIC, api_for_path, carried_headers, get_api
 from monitor.core.errors import InputError
-from monitor.core.events import TrafficEvent, event_from_request, is_text, parse_event
+from monitor.core.events import (
+    TrafficEvent,
+    event_from_request,
+    is_text,
+    parse_event,
+    served_answer,
+)
 from monitor.core.failures import internal_error, raised_at
 from monitor.core.sampler import SampleKey
 from monitor.engine.ports import EventSink
@@ -52,8 +60,10 @@ __all__ = [
     "Intake",
     "RejectCallback",
     "RelayCallback",
+    "SeenCallback",
     "SkipCallback",
     "TaskResolver",
+    "api_of_target",
     "event_key",
     "request_id",
 ]
@@ -84,6 +94,42 @@ RelayCallback = Callable[
 """``relay(source, headers, path, body, answer, event id, draw)``: an event request
 handed on unparsed, to be offered by another process (the traffic data plane's own
 process sends it to the main one, where :meth:`Intake.offer` runs); it must not raise."""
+
+SeenCallback = Callable[[str, str], None]
+"""``seen(source, api)``: a request the port received, by the wire API its method and path
+name (``unmonitored``: none relmon reads); counted, never raises."""
+
+UNMONITORED: Final = "unmonitored"
+# The standard APIs by the end of their path (monitor.core.apis: each API's ``recognises``,
+# which tests/http checks this against): tried in this order, chat before completions.
+_SUFFIXES: Final[list[tuple[bytes, str]]] = [
+    (b"/chat/completions", "openai.chat"),
+    (b"/responses", "openai.responses"),
+    (b"/v1/messages", "anthropic.messages"),
+    (b":generateContent", "gemini.generate_content"),
+    (b":streamGenerateContent", "gemini.generate_content"),
+    (b"/completions", "openai.completions"),
+]
+
+
+_GEMINI: Final = "gemini.generate_content"
+_GEMINI_API: Final = get_api(_GEMINI)
+
+
+def api_of_target(target: bytes) -> str | None:
+    """The standard wire API of a ``POST`` to a raw request target (path and query), by
+    the end of its path; None for any other path."""
+    end = target.find(b"?")
+    path = target if end < 0 else target[:end]
+    if path.endswith(b"/"):
+        path = path.rstrip(b"/")
+    for suffix, name in _SUFFIXES:
+        if path.endswith(suffix):
+            if name == _GEMINI and not _GEMINI_API.recognises(path.decode("latin-1")):
+                return None  # ``…:generateContent`` but not under ``models/NAME``
+            return name
+    return None
+
 
 MAX_REQUEST_ID: Final = 256
 MAX_PENDING_OFFERS = 1024
@@ -116,6 +162,12 @@ def _wanted(key: str) -> bytes:
         if len(_WANTED) < 64:
             _WANTED[key] = want
     return want
+
+
+def served_text(api: WireApi, response: Any) -> str | None:
+    """The answer in a logged ``response`` (JSON or SSE text), when it is valid text."""
+    text = served_answer(api, response)
+    return text if text is None or is_text(text) else None
 
 
 class HeaderView(Mapping[str, str]):
@@ -219,8 +271,14 @@ class Intake:
         relay: RelayCallback | None = None,
         max_rate: float = 1.0,
         batch_s: float = 0.0,
+        seen: SeenCallback | None = None,
+        generic: Sequence[tuple[str, WireApi]] = (),
     ) -> None:
         self.source = source
+        self.seen = seen
+        """Counts every request by API (:meth:`classify`)."""
+        self.generic = [(prefix.encode("utf-8", "surrogateescape"), api) for prefix, api in generic]
+        """The ``generic`` tasks' path prefixes, with their API: tried before the others."""
         self.sink = sink
         self.reject = reject
         self.task_resolver = task_resolver
@@ -233,6 +291,29 @@ class Intake:
         self._pending: list[_Pending] = []
         self._pending_bytes = 0
         self._flush: asyncio.Handle | None = None
+
+    def classify(self, method: bytes, target: bytes) -> bool:
+        """Whether a request is an event relmon reads (a ``POST`` of a wire API, by its
+        path), counted by API (``seen``) either way."""
+        name: str | None = None
+        if method == b"POST":
+            for prefix, _ in self.generic:
+                if target.startswith(prefix):
+                    name = GENERIC
+                    break
+            else:
+                name = api_of_target(target)
+        seen = self.seen
+        if seen is not None:
+            seen(self.source, UNMONITORED if name is None else name)
+        return name is not None
+
+    def api_of(self, path: str) -> WireApi | None:
+        """The API of an event request's path (no query string)."""
+        for prefix, api in self.generic:
+            if path.encode("utf-8", "surrogateescape").startswith(prefix):
+                return api
+        return api_for_path(path)
 
     def skipped_at_once(self, draw: float) -> bool:
         """The fast path for a request without an id of its own: True (counted by the
@@ -311,8 +392,11 @@ class Intake:
             self.relay(self.source, headers, path, raw, answer, rid, draw)
             return
         try:
-            text = None if answer is None else messages.answer_text(*answer)
-            event = self.event(headers, path, raw, text, rid, draw)
+            api = self.api_of(path)
+            if api is None:  # not reached: classify offers only these
+                raise InputError("a path of no API relmon reads")
+            text = None if answer is None else messages.answer_text(answer[0], answer[1], api)
+            event = self.event(headers, path, raw, text, rid, draw, api)
             self.sink(event, self.source)  # the sink counts its decision last: nothing twice
         except InputError as exc:
             count(str(exc))
@@ -329,7 +413,12 @@ class Intake:
         text: str | None,
         rid: str | None,
         draw: float | None = None,
+        api: WireApi | None = None,
     ) -> TrafficEvent:
+        """The event of a request (``api``: its API, by default the one of its path)."""
+        wire = api if api is not None else self.api_of(path)
+        if wire is None:
+            raise InputError("a path of no API relmon reads")
         plain = messages.decoded(raw, headers.get("Content-Encoding", ""))
         if plain is None:
             raise InputError("request body in a content-encoding relmon cannot read")
@@ -343,10 +432,22 @@ class Intake:
         if rid is None:
             raise InputError("X-Request-Id is not valid UTF-8")
         task = self.task_resolver(headers, path, body)
+        carried = carried_headers(wire.name, headers.get)
         if logged is None:
-            return event_from_request(rid, body, task=task, response_text=text, draw=draw)
-        event = parse_event(
-            {"id": rid, "model": body.get("model"), "task": task, "request": body}
-            | {"response": logged}
-        )
-        return event if draw is None else dataclasses.replace(event, draw=draw)
+            return event_from_request(
+                rid,
+                body,
+                task=task,
+                response_text=text,
+                draw=draw,
+                api=wire.name,
+                path=path,
+                headers=carried,
+            )
+        document = {"id": rid, "task": task, "request": body, "api": wire.name, "path": path}
+        if isinstance(body.get("model"), str):
+            document["model"] = body["model"]
+        event = parse_event(document | {"response": logged})
+        if wire.name == GENERIC:  # read by the task's answer_path, which parse_event lacks
+            event = dataclasses.replace(event, response_text=served_text(wire, logged))
+        return dataclasses.replace(event, draw=draw, headers=carried)

@@ -1,15 +1,19 @@
-"""HTTP messages as the traffic port reads them: the answer text of a chat-completion
-response (JSON or an SSE stream, gzip or deflate), and the hop-by-hop headers a proxy
-must not forward."""
+"""HTTP messages as the traffic port reads them: the answer of a response in its wire
+API (JSON or an SSE stream, gzip or deflate; :mod:`monitor.core.apis` reads it), and the
+hop-by-hop headers a proxy must not forward."""
 
 from __future__ import annotations
 
 import json
 import zlib
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 import msgspec
 from multidict import CIMultiDict
+
+from monitor.core.apis.base import WireApi, is_text
+from monitor.core.apis.sse import is_event_stream, sse_payloads
 
 __all__ = [
     "HOP_BY_HOP_HEADERS",
@@ -103,11 +107,30 @@ def strip_hop_by_hop(headers: Iterable[tuple[str, str]], connection: str) -> CIM
     return out
 
 
-def answer_text(body: bytes, headers: Mapping[str, str]) -> str | None:
-    """The model's answer in a response body, JSON or SSE (None when unknown)."""
+def answer_text(body: bytes, headers: Mapping[str, str], api: WireApi | None = None) -> str | None:
+    """The model's answer in a response body of ``api`` (chat by default), JSON or SSE
+    (None when unknown)."""
     plain = decoded(body, headers.get("Content-Encoding", ""))
     if plain is None:
         return None
-    if headers.get("Content-Type", "").lower().startswith("text/event-stream"):
-        return sse_response_text(plain)
-    return json_response_text(plain)
+    if api is None or api.name == "openai.chat":
+        if is_event_stream(headers.get("Content-Type", "")):
+            return sse_response_text(plain)
+        return json_response_text(plain)
+    if is_event_stream(headers.get("Content-Type", "")):
+        text = api.stream_answer(sse_payloads(plain))
+    else:
+        doc = _document(plain)
+        text = api.answer(doc) if isinstance(doc, dict) else None
+    return text if text is None or is_text(text) else None
+
+
+def _document(body: bytes) -> Any:
+    """A JSON body, read as :func:`json_response_text` reads one; None when it is not."""
+    try:
+        return _decode(body)
+    except (msgspec.DecodeError, RecursionError):
+        try:
+            return json.loads(body)
+        except (ValueError, RecursionError):
+            return None

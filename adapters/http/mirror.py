@@ -1,6 +1,8 @@
 """The mirror's request handler on the traffic port's own HTTP server (:mod:`.wire`).
 
-``POST …/chat/completions`` (under any path prefix) is answered ``202 {"status":
+A ``POST`` of a wire API relmon reads (``…/chat/completions``, ``…/responses``,
+``…/v1/messages``, ``…:generateContent``, ``…/completions``, under any path prefix, or a
+``generic`` task's path prefix) is answered ``202 {"status":
 "accepted"}`` as soon as the body is read; only then is the event decided and, when it
 may be sampled, parsed and offered (:class:`~adapters.http.intake.Intake`), so the live
 path (nginx ``mirror``, Envoy, Istio) never waits on relmon. A malformed body still gets
@@ -57,7 +59,10 @@ class Mirror:
         if not expect_answered(req, client):  # 417 first, as on every relmon port
             return
         if not guard.event:
-            message = "only POST …/chat/completions is mirrored"
+            message = (
+                "only POST requests of a wire API relmon reads are mirrored: …/chat/"
+                "completions, …/responses, …/v1/messages, …:generateContent, …/completions"
+            )
             client.write(error_response(404, "Not Found", message))
             return
         length = req.content_length

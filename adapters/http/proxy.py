@@ -16,8 +16,10 @@ Upstream unreachable: 502; no bytes from the upstream for the read timeout: 504 
 once the answer began, the client connection is cut so the truncation shows). A reused
 connection the upstream had closed is retried once on a new one when the request body
 is held whole. A client leaving mid-answer ends the upstream connection (it never goes
-back to the pool). Only after the answer completed is a ``POST …/chat/completions``
-with a 2xx answer sampled (:class:`~adapters.http.intake.Intake`); nothing it does can
+back to the pool). Only after the answer completed is a ``POST`` of a wire API relmon
+reads (``…/chat/completions``, ``…/responses``, ``…/v1/messages``, ``…:generateContent``,
+``…/completions``, a ``generic`` task's path prefix: :meth:`Intake.classify`) with a 2xx
+answer sampled (:class:`~adapters.http.intake.Intake`); nothing it does can
 reach the client. Bodies over ``max_body_bytes`` are forwarded all the same but not
 sampled (counted ``"oversize"`` or ``"oversize response"``).
 """
@@ -83,8 +85,9 @@ def expect_answered(req: Request, client: ServerConnection) -> bool:
 
 
 def event_guard(intake: Intake, req: Request) -> ExchangeGuard:
-    """The guard of one request: an event when it is a ``POST …/chat/completions``."""
-    return ExchangeGuard(intake, req.method == b"POST" and is_chat_target(req.target))
+    """The guard of one request: an event when it is a ``POST`` of a wire API relmon
+    reads (:meth:`Intake.classify`, which counts every request by API)."""
+    return ExchangeGuard(intake, intake.classify(req.method, req.target))
 
 
 class _Retry:

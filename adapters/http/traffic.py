@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Literal
 
 import structlog
@@ -35,6 +35,7 @@ from adapters.http.intake import (
     Intake,
     RejectCallback,
     RelayCallback,
+    SeenCallback,
     SkipCallback,
     TaskResolver,
 )
@@ -44,6 +45,7 @@ from adapters.http.proxy import Proxy, is_chat_completions_path
 from adapters.http.proxy_metrics import ProxyMetrics
 from adapters.http.wire import FastHandler, Handler, ServerConnection
 from adapters.upstream.pool import UpstreamPool
+from monitor.core.apis.base import WireApi
 from monitor.core.errors import ConfigError, StateError
 from monitor.engine.ports import EventSink
 
@@ -125,6 +127,8 @@ class TrafficServer:
         sock: socket.socket | None = None,
         max_sampling_rate: float = 1.0,
         offer_batch_s: float = 0.0,
+        seen: SeenCallback | None = None,
+        generic_apis: Sequence[tuple[str, WireApi]] = (),
     ) -> None:
         if mode not in ("mirror", "proxy"):
             raise ConfigError(f"traffic mode must be 'mirror' or 'proxy', not {mode!r}")
@@ -146,6 +150,8 @@ class TrafficServer:
             relay=relay,
             max_rate=max_sampling_rate,
             batch_s=offer_batch_s,
+            seen=seen,
+            generic=generic_apis,
         )
         self._sock = sock
         self._mode = mode

@@ -74,6 +74,7 @@ class _Event(msgspec.Struct, gc=False):
     task: str | None = None
     ts: str | None = None
     response: _Response | None = None
+    api: str = "openai.chat"  # another API's event goes the full way
 
 
 _decode = msgspec.json.Decoder(_Event).decode
@@ -94,6 +95,8 @@ def event_head(value: bytes | None, max_bytes: int = MAX_EVENT_BYTES) -> EventHe
     try:
         event = _decode(value)
     except (msgspec.DecodeError, RecursionError):  # ValidationError is a DecodeError
+        return None
+    if event.api != "openai.chat":
         return None
     item_id = event.id
     if isinstance(item_id, int):

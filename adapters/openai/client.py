@@ -1,4 +1,12 @@
-"""An OpenAI-compatible chat-completions client for re-asking the monitored model.
+"""The client that re-asks the monitored model, in the wire API production used.
+
+A call names its API and route (:class:`~monitor.core.apis.base.Route`: the path under
+``base_url``, the production headers it carries); without them it is an OpenAI
+chat-completions call to ``base_url + /chat/completions`` (the ``llm`` canonicalizer's
+and the judge's). The key goes the API's way (``Authorization: Bearer``, ``x-api-key``,
+``x-goog-api-key``); the body asks for several answers only where the API can
+(``n``, ``candidateCount``) and ``supports_n`` is set; the answers are read by the API
+(:meth:`~monitor.core.apis.base.WireApi.answers`).
 
 :class:`OpenAIClient` implements :class:`monitor.engine.ports.ModelClient`: one pool of
 keep-alive connections per endpoint (:mod:`.transport`), bounded concurrency, an
@@ -65,6 +73,7 @@ Bearer token and never appears in a message, a repr or a log.
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final, Literal, get_args
@@ -80,6 +89,7 @@ from adapters.openai.wire import (
     parse_completion,
     parse_retry_after,
 )
+from monitor.core.apis.base import Route, WireApi
 from monitor.core.errors import ConfigError, InputError, ModelCallError
 from monitor.engine.ports import Clock, SystemClock
 
@@ -198,7 +208,7 @@ class OpenAIClient:
         if failed:
             raise ConfigError(f"OpenAIClient: need {', '.join(failed)}")
         self._retries = limits
-        self._url = base_url.rstrip("/") + "/chat/completions"
+        self._url = base_url.rstrip("/")
         self._shown_url = shown_url(self._url)
         key = "'***'" if api_key else "None"  # the key itself lives in the transport only
         self._repr = f"OpenAIClient(base_url={base_url!r}, model={model!r}, api_key={key})"
@@ -246,13 +256,30 @@ class OpenAIClient:
         self._closed = True
         self._transport.close()
 
-    async def sample(self, request: Mapping[str, Any], n: int) -> list[str]:
-        """``n`` completion texts for ``request``; :class:`ModelCallError` if any call fails."""
+    async def sample(
+        self,
+        request: Mapping[str, Any],
+        n: int,
+        *,
+        api: WireApi | None = None,
+        route: Route | None = None,
+    ) -> list[str]:
+        """``n`` answers to ``request`` (in ``api``, sent by ``route``; None: chat
+        completions); :class:`ModelCallError` if any call fails."""
         if n < 0:
             raise ConfigError(f"n must be >= 0, got {n}")
         if n == 0:
             return []
-        body = (
+        if api is None or (api.name == "openai.chat" and route is None):
+            return await self._sample(self._chat_body(request), n, _ChatCall(self))
+        call = _ApiCall(self, api, route)
+        body = dict(request)
+        if api.rules.model is not None and self._forward:
+            body.setdefault(api.rules.model, self._model)
+        return await self._sample(body, n, call)
+
+    def _chat_body(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        return (
             forward_body(request, model=self._model)
             if self._forward
             else build_body(
@@ -262,37 +289,43 @@ class OpenAIClient:
                 max_tokens=self._max_tokens,
             )
         )
+
+    async def _sample(self, body: dict[str, Any], n: int, how: _Call) -> list[str]:
+        """``n`` answers: one call for as many as the API draws a call (with
+        ``supports_n``), single calls in parallel for the rest."""
         texts: list[str] = []
-        if self._supports_n and n > 1:
-            texts = (await self._call(encode({**body, "n": n})))[:n]
+        most = how.max_draws if self._supports_n else 1
+        if most > 1 and n > 1:
+            asked = min(n, most)
+            texts = (await self._call(how.payload(body, asked), how))[:asked]
         rest = n - len(texts)
         if rest == 0:
             return texts
-        single = encode(body)
+        single = how.payload(body, 1)
         if self._breaker.state != "closed":
             # Open or half-open: one call goes alone (the trial, once the cool-down is
             # over). Sent with siblings, their immediate circuit_open failures would
             # cancel it, and the circuit would never close again.
-            texts = texts + (await self._call(single))[:1]
+            texts = texts + (await self._call(single, how))[:1]
             rest -= 1
         if rest == 0:
             return texts
         if rest == 1:
-            return texts + (await self._call(single))[:1]
+            return texts + (await self._call(single, how))[:1]
         try:
             async with asyncio.TaskGroup() as group:
-                tasks = [group.create_task(self._call(single)) for _ in range(rest)]
+                tasks = [group.create_task(self._call(single, how)) for _ in range(rest)]
         except BaseExceptionGroup as eg:
             raise _first_model_error(eg) from None
         return texts + [task.result()[0] for task in tasks]
 
-    async def _call(self, payload: bytes) -> list[str]:
+    async def _call(self, payload: bytes, how: _Call) -> list[str]:
         """One logical call with retries: the choices' texts, or ModelCallError."""
         attempt = 0
         used = dict.fromkeys(RETRY_KINDS, 0)
         while True:
             try:
-                return await self._attempt(payload)
+                return await self._attempt(payload, how)
             except _CallError as failed:
                 if failed.outcome == "circuit_open":
                     raise ModelCallError(str(failed), retriable=True) from None
@@ -303,7 +336,7 @@ class OpenAIClient:
                 if not retry:
                     tries = f" after {attempt + 1} attempts" if attempt else ""
                     raise ModelCallError(
-                        f"model call to {self._shown_url} failed{tries}: {failed}",
+                        f"model call to {self._shown_url}{how.path or ''} failed{tries}: {failed}",
                         retriable=failed.outcome in _RETRIABLE,
                         status=failed.status,
                     ) from None
@@ -317,7 +350,7 @@ class OpenAIClient:
         cap = min(self._backoff_max_s, self._backoff_base_s * 2.0 ** min(attempt, 60))
         return cap / 2 + self._rng.uniform(0.0, cap / 2)
 
-    async def _attempt(self, payload: bytes) -> list[str]:
+    async def _attempt(self, payload: bytes, how: _Call) -> list[str]:
         """One HTTP call through the breaker, the concurrency slots and the rate limit."""
         allowed, trial = self._breaker.admit()
         if not allowed:
@@ -329,7 +362,7 @@ class OpenAIClient:
                     wait = self._bucket.reserve()
                     if wait > 0:
                         await self._sleep(wait)
-                texts = await self._post(payload)
+                texts = await self._post(payload, how)
         except _CallError as failed:
             self._breaker.record(failed.outcome == "client_error", trial)
             self._report(failed.outcome)
@@ -345,11 +378,13 @@ class OpenAIClient:
         if self._on_outcome is not None:
             self._on_outcome(outcome)
 
-    async def _post(self, payload: bytes) -> list[str]:
+    async def _post(self, payload: bytes, how: _Call) -> list[str]:
         if self._closed:
             raise ModelCallError("model client is closed", retriable=False)
         try:
-            status, retry_after, raw = await self._transport.post(payload)
+            status, retry_after, raw = await self._transport.post(
+                payload, path=how.path, auth=how.auth, headers=how.headers
+            )
         except TransportError as exc:
             outcome = _TRANSPORT_OUTCOME.get(exc.kind, "connection_error")
             message = f"invalid response: {exc}" if outcome == "invalid_response" else str(exc)
@@ -357,7 +392,7 @@ class OpenAIClient:
         if not 200 <= status < 300:
             raise self._status_failure(status, retry_after)
         try:
-            return parse_completion(raw)
+            return how.parse(raw)
         except InputError as exc:
             raise _CallError("invalid_response", f"invalid response: {exc}") from None
 
@@ -377,12 +412,68 @@ class OpenAIClient:
         if status in (404, 405):
             return _CallError(
                 "client_error",
-                f"HTTP {status}: nothing answers chat completions there; check "
-                "endpoint.base_url (relmon posts to base_url + /chat/completions; "
-                "most servers want base_url to end in /v1)",
+                f"HTTP {status}: nothing answers that API there; check endpoint.base_url "
+                "and endpoint.api (relmon posts chat completions to base_url + "
+                "/chat/completions, where most servers want base_url to end in /v1; "
+                "Anthropic's and Gemini's base URLs carry no version: docs/apis/)",
                 status=status,
             )
         return _CallError("client_error", f"HTTP {status}", status=status)
+
+
+class _Call:
+    """How one call is sent and read (see :class:`_ChatCall`, :class:`_ApiCall`)."""
+
+    max_draws: int = 1
+    path: str | None = None
+    auth: str = "bearer"
+    headers: tuple[tuple[str, str], ...] = ()
+
+    def payload(self, body: Mapping[str, Any], n: int) -> bytes:
+        raise NotImplementedError
+
+    def parse(self, raw: bytes) -> list[str]:
+        raise NotImplementedError
+
+
+class _ChatCall(_Call):
+    """A chat-completions call to the base URL + ``/chat/completions``."""
+
+    def __init__(self, client: OpenAIClient) -> None:
+        self.max_draws = 1 << 30
+        self.path = "/chat/completions"
+
+    def payload(self, body: Mapping[str, Any], n: int) -> bytes:
+        return encode({**body, "n": n} if n > 1 else body)
+
+    def parse(self, raw: bytes) -> list[str]:
+        return parse_completion(raw)
+
+
+class _ApiCall(_Call):
+    """A call in ``api``, by ``route``."""
+
+    def __init__(self, client: OpenAIClient, api: WireApi, route: Route | None) -> None:
+        self.api = api
+        self.max_draws = api.max_draws_per_call
+        self.auth = api.auth
+        if route is not None:
+            self.path = route.path
+            self.headers = route.headers
+        else:
+            self.path = "/chat/completions"
+
+    def payload(self, body: Mapping[str, Any], n: int) -> bytes:
+        return encode(self.api.with_draws(body, n))
+
+    def parse(self, raw: bytes) -> list[str]:
+        try:
+            doc = json.loads(raw)
+        except (ValueError, RecursionError):
+            raise InputError("body is not JSON") from None
+        if not isinstance(doc, dict):
+            raise InputError("body is not a JSON object")
+        return self.api.answers(doc)
 
 
 def shown_url(url: str) -> str:

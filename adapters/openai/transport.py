@@ -4,9 +4,11 @@ aiohttp's client, which spent about 2.4 times the CPU per call (bench/model_clie
 A re-ask runs on the event loop that serves the live traffic, so its cost is the live
 path's.
 
-:meth:`ModelTransport.post` sends the JSON body (``Host``, ``Content-Type``, ``Accept``,
-``Accept-Encoding: identity``, ``User-Agent``, the key as a Bearer token, or the URL's
-user info as Basic credentials) and returns the status, the ``Retry-After`` header and the
+:meth:`ModelTransport.post` sends the JSON body to the URL's path, or to the base URL's
+path + a path of the call's own (``Host``, ``Content-Type``, ``Accept``,
+``Accept-Encoding: identity``, ``User-Agent``, the key the API's way: a Bearer token,
+``x-api-key`` or ``x-goog-api-key``, or the URL's user info as Basic credentials, and
+the call's own extra headers) and returns the status, the ``Retry-After`` header and the
 whole body, decoded when the server compressed it anyway (gzip, deflate). Redirects are
 not followed. Failures are :class:`TransportError`, whose ``kind`` is ``timeout`` (no
 answer within ``timeout_s``, connecting included), ``connection_error`` (refused, reset,
@@ -116,8 +118,25 @@ def host_and_port(parts: SplitResult) -> str:
     return host if parts.port is None else f"{host}:{parts.port}"
 
 
+def _auth_line(scheme: str, key: bytes) -> bytes:
+    if scheme == "x-api-key":
+        return b"x-api-key: " + key + b"\r\n"
+    if scheme == "x-goog-api-key":
+        return b"x-goog-api-key: " + key + b"\r\n"
+    return b"Authorization: Bearer " + key + b"\r\n"
+
+
+def _header_line(name: str, value: str) -> bytes:
+    """One extra header line; a name or value that could split the head is refused."""
+    if not name.isascii() or not name.isprintable() or ":" in name or " " in name:
+        raise TransportError("invalid", "a header name relmon cannot send")
+    if not value.isprintable() or "\r" in value or "\n" in value:
+        raise TransportError("invalid", f"a value of header {name} relmon cannot send")
+    return name.encode("ascii") + b": " + value.encode("utf-8") + b"\r\n"
+
+
 class ModelTransport:
-    """POSTs to one ``…/chat/completions`` URL (see the module)."""
+    """POSTs to one endpoint's URLs (see the module)."""
 
     def __init__(
         self,
@@ -138,31 +157,48 @@ class ModelTransport:
         except ValueError:
             raise ConfigError("base_url has an invalid port") from None
         self._port = port if port is not None else (443 if self._tls else 80)
-        auth = b""
+        self._key = b""
+        self._basic = b""
         if api_key:
             if not api_key.isascii() or not api_key.isprintable():
                 raise ConfigError("the model API key must be printable ASCII")
-            auth = b"Authorization: Bearer " + api_key.encode("ascii") + b"\r\n"
+            self._key = api_key.encode("ascii")
         elif parts.username is not None:
             pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
-            auth = b"Authorization: Basic " + base64.b64encode(pair.encode()) + b"\r\n"
-        self._head = (
-            b"POST "
-            + quote(parts.path or "/", safe="/%:@!$&'()*+,;=~").encode("ascii")
-            + b" HTTP/1.1\r\nHost: "
+            self._basic = b"Authorization: Basic " + base64.b64encode(pair.encode()) + b"\r\n"
+        self._path = parts.path or "/"
+        self._host_line = (
+            b" HTTP/1.1\r\nHost: "
             + host_and_port(parts).encode("idna")
             + b"\r\nContent-Type: application/json\r\nAccept: application/json\r\n"
             + b"Accept-Encoding: identity\r\nUser-Agent: "
             + _USER_AGENT
             + b"\r\n"
-            + auth
-            + b"Content-Length: "
         )
+        self._heads: dict[tuple[str | None, str], bytes] = {}
         self._timeout = timeout_s
         self._max = max_connections
         self._limit = max_bytes
         self._pool: UpstreamPool | None = None
         self._closed = False
+
+    def _head_for(self, path: str | None, auth: str) -> bytes:
+        """The request head up to ``Content-Length: `` for a call to ``path`` (under the
+        base URL's own path; None: the URL itself) with the key sent the ``auth`` way."""
+        head = self._heads.get((path, auth))
+        if head is None:
+            target = self._path if path is None else self._path.rstrip("/") + path
+            credentials = _auth_line(auth, self._key) if self._key else self._basic
+            head = (
+                b"POST "
+                + quote(target, safe="/%:@!$&'()*+,;=~").encode("ascii")
+                + self._host_line
+                + credentials
+                + b"Content-Length: "
+            )
+            if len(self._heads) < 64:
+                self._heads[(path, auth)] = head
+        return head
 
     def close(self) -> None:
         """Close the idle connections; a call still running closes its own at its end."""
@@ -186,11 +222,24 @@ class ModelTransport:
             )
         return pool
 
-    async def post(self, payload: bytes) -> tuple[int, str | None, bytes]:
-        """The status, ``Retry-After`` and body of one POST of ``payload``."""
+    async def post(
+        self,
+        payload: bytes,
+        *,
+        path: str | None = None,
+        auth: str = "bearer",
+        headers: tuple[tuple[str, str], ...] = (),
+    ) -> tuple[int, str | None, bytes]:
+        """The status, ``Retry-After`` and body of one POST of ``payload`` (to ``path``
+        under the base URL, else to the URL; the key sent the ``auth`` way, with
+        ``headers`` besides)."""
         if self._closed:
             raise TransportError("closed", "the model client is closed")
-        request = self._head + str(len(payload)).encode() + b"\r\n\r\n" + payload
+        head = self._heads.get((path, auth)) or self._head_for(path, auth)
+        if headers:
+            extra = b"".join(_header_line(name, value) for name, value in headers)
+            head = head.replace(b"Content-Length: ", extra + b"Content-Length: ", 1)
+        request = head + str(len(payload)).encode() + b"\r\n\r\n" + payload
         try:
             async with asyncio.timeout(self._timeout):
                 call = await self._exchange(self._get_pool(), request)

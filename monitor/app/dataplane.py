@@ -19,12 +19,14 @@ from typing import TYPE_CHECKING, Any
 
 import uvloop
 
-from adapters.http.dataplane import DataPlaneProcess, Relay, serve_child
+from adapters.http.dataplane import API_KEY, DataPlaneProcess, Relay, serve_child
 from adapters.http.intake import HeaderView, Intake
 from adapters.http.proxy_metrics import ProxyMetrics
 from adapters.http.traffic import LISTEN_BACKLOG, TrafficServer
 from monitor.app.logs import configure_logging
 from monitor.config import Settings
+from monitor.core.apis.base import WireApi
+from monitor.core.apis.registry import GENERIC, get_api
 from monitor.core.errors import StateError
 from monitor.core.events import TrafficEvent
 from monitor.engine.ports import Admission
@@ -62,6 +64,7 @@ def build(settings: object, listening: socket.socket, relay: Relay) -> TrafficSe
         skip=skip,
         metrics=relay.metrics,
         relay=relay.offer,
+        seen=relay.seen,
         sock=listening,
         **listener_options(settings),
     )
@@ -83,7 +86,17 @@ def listener_options(settings: Settings) -> dict[str, Any]:
         "offer_batch_s": traffic.offer_batch_s,
         # A request without X-Request-Id whose draw is over it: skipped at once.
         "max_sampling_rate": max((t.sampling_rate for t in settings.tasks), default=0.0),
+        "generic_apis": generic_apis(settings),
     }
+
+
+def generic_apis(settings: Settings) -> list[tuple[str, WireApi]]:
+    """The ``generic`` tasks' path prefixes and their APIs, in task order."""
+    return [
+        (t.match.path_prefix, get_api(GENERIC, t.generic_options))
+        for t in settings.tasks
+        if t.endpoint.api == GENERIC and t.match.path_prefix is not None
+    ]
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -142,7 +155,10 @@ async def start_data_plane(
 
     def on_counts(decisions: dict[tuple[str, str], int], proxy: Any) -> None:
         for (source, decision), n in decisions.items():
-            service.admission.count_many(source, decision, n)
+            if decision.startswith(API_KEY):
+                service.admission.count_api(source, decision[len(API_KEY) :], n)
+            else:
+                service.admission.count_many(source, decision, n)
         if proxy is not None and proxy_metrics is not None:
             proxy_metrics.merge(proxy)
 

@@ -345,6 +345,7 @@ async def _start_traffic(running: Running, metrics: Metrics) -> None:
             reject=service.admission.reject,
             task_resolver=HeaderTaskResolver(service.router, header),
             skip=service.admission.skip_by_head,
+            seen=service.admission.count_api,
             metrics=proxy_metrics,
             **dataplane.listener_options(settings),
         )

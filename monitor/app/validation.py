@@ -14,6 +14,7 @@ from pathlib import Path
 
 from adapters.canon.registry import check_canonicalizer
 from adapters.kafka.clients import build_ssl_context
+from monitor.app.api_checks import api_problems
 from monitor.config.messages import task_label
 from monitor.config.schema import (
     MAX_RETRIES_PER_OUTCOME,
@@ -23,6 +24,7 @@ from monitor.config.schema import (
     TaskSettings,
 )
 from monitor.config.secrets import given_twice
+from monitor.core.apis.registry import GENERIC
 from monitor.core.errors import ConfigError
 from monitor.core.stopping import fewest_samples as rule_fewest_samples
 from monitor.core.stopping import get_stopping_rule
@@ -222,7 +224,7 @@ def _task_problems(i: int, t: TaskSettings, settings: Settings) -> list[str]:
     """The problems of task ``i``, each naming its field."""
     problems: list[str] = []
     where = task_label(i, t.name)
-    if not (t.endpoint.model or t.match.model):
+    if not (t.endpoint.model or t.match.model or t.endpoint.api == GENERIC):
         problems.append(
             f"{where}.endpoint.model: required: the model relmon asks again "
             "(or name it in match.model)"
@@ -236,6 +238,7 @@ def _task_problems(i: int, t: TaskSettings, settings: Settings) -> list[str]:
         except ConfigError as exc:
             problems.append(f"{where}.{exc}")
     problems += _canonicalizer_problems(where, t)
+    problems += api_problems(where, t)
     problems += _judge_problems(where, t, settings)
     for kind, count in t.endpoint.retry_limits().items():
         if count > MAX_RETRIES_PER_OUTCOME:

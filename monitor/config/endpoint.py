@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator
 
 from monitor.config.secrets import read_secret
+from monitor.core.apis.registry import API_NAMES
 
 __all__ = [
     "MAX_RETRIES_PER_OUTCOME",
@@ -58,9 +59,17 @@ class CircuitBreakerSettings(_Strict):
 
 
 class EndpointSettings(_Strict):
-    """The OpenAI-compatible endpoint the re-issuer asks again."""
+    """The endpoint the re-issuer asks again, in one wire API (``docs/apis/``)."""
 
+    # The wire API re-asks speak (monitor.core.apis.registry.API_NAMES); None: the API of
+    # each event. An event in another API than a set one is rejected, never re-asked.
+    api: str | None = None
+    # As that vendor's SDK takes it: OpenAI-style APIs with the version segment
+    # (http://vllm:8000/v1), Anthropic's and Gemini's without (https://api.anthropic.com).
     base_url: str = "http://127.0.0.1:8000/v1"
+    # generic only: the agent service may act; it is re-asked only when declared safe to
+    # repeat (check-config refuses a generic task without it).
+    repeatable: bool = False
     model: str | None = None  # required unless the task's match.model names it
     api_key: SecretStr | None = None
     api_key_file: Path | None = None  # e.g. a mounted Kubernetes Secret
@@ -89,6 +98,13 @@ class EndpointSettings(_Strict):
     @classmethod
     def _base_url_scheme(cls, v: str) -> str:
         return _http_url(v) or v
+
+    @field_validator("api")
+    @classmethod
+    def _known_api(cls, v: str | None) -> str | None:
+        if v is not None and v not in API_NAMES:
+            raise ValueError(f"unknown api {v!r}; known: {', '.join(API_NAMES)}")
+        return v
 
     def resolved_api_key(self) -> str | None:
         """``api_key``, else the contents of ``api_key_file``, else None."""

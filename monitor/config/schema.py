@@ -45,6 +45,7 @@ from monitor.config.otel import OtelSettings
 from monitor.config.secrets import read_secret
 from monitor.config.sources import YAML_DATA, IndexedEnvSource, YamlSource
 from monitor.config.store import StoreSettings
+from monitor.core.apis.registry import API_NAMES
 from monitor.core.redaction import BUILTIN_RULES, Redactor
 from monitor.core.review import MAX_TASK_NAME_CHARS
 from monitor.core.stopping import DEFAULT_FUTILITY, DEFAULT_RULE, available_rules
@@ -88,8 +89,11 @@ class ReaskSettings(_Strict):
     """How a re-ask differs from the production request (monitor.core.reask)."""
 
     min_temperature: float = Field(0.5, ge=0, le=2)  # a lower temperature is raised to it
-    set: dict[str, Any] = {}  # fields replaced or added in every re-ask
-    drop: list[str] = []  # fields removed from every re-ask
+    set: dict[str, Any] = {}  # fields replaced or added in every re-ask (dotted paths)
+    drop: list[str] = []  # fields removed from every re-ask (dotted paths)
+    # Tools the provider runs (web search, MCP, code execution...) known to be read-only:
+    # a request carrying any other such tool is never re-asked (docs/apis/).
+    server_tools: list[str] = []
 
     @model_validator(mode="after")
     def _not_relmons_own(self) -> ReaskSettings:
@@ -107,6 +111,14 @@ class MatchSettings(_Strict):
     header: str | None = None  # value of the task header (see traffic.task_header)
     model: str | None = None
     path_prefix: str | None = None
+    api: str | None = None  # the event's wire API (monitor.core.apis.registry.API_NAMES)
+
+    @field_validator("api")
+    @classmethod
+    def _known_api(cls, v: str | None) -> str | None:
+        if v is not None and v not in API_NAMES:
+            raise ValueError(f"unknown api {v!r}; known: {', '.join(API_NAMES)}")
+        return v
 
 
 class TaskSettings(_Strict):
@@ -115,6 +127,10 @@ class TaskSettings(_Strict):
     canonicalizer: str = "text"
     canonicalizer_options: dict[str, Any] = {}
     answer_pattern: str | None = None  # a regex applied before the canonicalizer
+    # endpoint.api generic only (JMESPath): where the question is in the request body, and
+    # the answer in the response body.
+    query_path: str | None = None
+    answer_path: str | None = None
     endpoint: EndpointSettings = EndpointSettings()
     reask: ReaskSettings = ReaskSettings()
     judge: JudgeSettings | None = None  # judge-assisted level (PPI); off by default
@@ -169,6 +185,11 @@ class TaskSettings(_Strict):
                 f"unknown stopping rule {v!r}; available: {', '.join(available_rules())}"
             )
         return v
+
+    @property
+    def generic_options(self) -> dict[str, str]:
+        """``GenericApi``'s options (``endpoint.api: generic``)."""
+        return {"query_path": self.query_path or "@", "answer_path": self.answer_path or "@"}
 
     @model_validator(mode="after")
     def _k0_le_kmax(self) -> TaskSettings:

@@ -6,9 +6,13 @@ A traffic event is one logged or mirrored LLM call::
      "request": {"model": "gpt-4.1", "messages": [{"role": "user", "content": "..."}]},
      "response": {"choices": [{"message": {"content": "..."}}]}}
 
-``task``, ``ts`` and ``response`` are optional. :func:`parse_event` turns bytes into a
-:class:`TrafficEvent` or raises :class:`~monitor.core.errors.InputError` with a short reason
-(no prompt text in it), which sources count and dead-letter.
+``task``, ``ts`` and ``response`` are optional. An event may name its wire API
+(``"api"``, default ``openai.chat``: :mod:`monitor.core.apis`), with ``request`` and
+``response`` in that API's own shape (the response as JSON, or as the text of its SSE
+stream) and ``path`` where the API keeps the model there (Gemini).
+:func:`parse_event` turns bytes into a :class:`TrafficEvent` or raises
+:class:`~monitor.core.errors.InputError` with a short reason (no prompt text in it),
+which sources count and dead-letter.
 """
 
 from __future__ import annotations
@@ -19,22 +23,30 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Final
 
+from monitor.core.apis.base import WireApi, is_text
+from monitor.core.apis.registry import API_NAMES, DEFAULT_API, GENERIC, carried_headers, get_api
+from monitor.core.apis.sse import sse_payloads
 from monitor.core.errors import InputError
 
 __all__ = [
     "MAX_EVENT_BYTES",
     "MAX_EVENT_ID_CHARS",
+    "MAX_PATH_CHARS",
     "TrafficEvent",
+    "event_api",
     "event_from_request",
     "is_text",
     "parse_event",
     "query_hash",
     "query_text",
+    "served_answer",
 ]
 
 MAX_EVENT_BYTES = 1_048_576
+MAX_PATH_CHARS = 2048
+"""An event's ``path`` longer than this is rejected."""
 MAX_EVENT_ID_CHARS = 512
 """An event id longer than this is rejected: with the task name (at most 256
 characters) it makes the item id, which a verdict names (``monitor.core.review``)."""
@@ -42,7 +54,9 @@ characters) it makes the item id, which a verdict names (``monitor.core.review``
 
 @dataclass(frozen=True, slots=True)
 class TrafficEvent:
-    """One model call seen in traffic. ``request`` is the OpenAI chat request body."""
+    """One model call seen in traffic. ``request`` is the request body in its API's
+    shape; ``response_text`` the answer production served (an answer string: text, or
+    a marked tool-call or refusal answer), when known."""
 
     id: str
     model: str
@@ -55,64 +69,75 @@ class TrafficEvent:
     up (the request had no ``X-Request-Id`` of its own): it is sampled when the draw is
     under its task's rate. None: sampled by the hash of (task, id), the same way
     everywhere (:mod:`monitor.core.sampler`). Never read from an event's JSON."""
+    api: str = DEFAULT_API
+    """The wire API of the call (``monitor.core.apis.registry.API_NAMES``)."""
+    path: str | None = None
+    """The production request's path, without its query string (never a ``?key=``)."""
+    headers: tuple[tuple[str, str], ...] = ()
+    """The production headers its re-asks carry (``registry.CARRIED_HEADERS``: Anthropic's
+    ``anthropic-version`` and ``anthropic-beta``; never a credential)."""
+
+
+_CHAT: Final = get_api(DEFAULT_API)
 
 
 def _reject(reason: str) -> InputError:
     return InputError(reason)
 
 
-def is_text(value: object) -> bool:
-    """A ``str`` that is valid Unicode: no lone surrogates, which JSON's ``\\ud800``
-    escapes and undecodable header bytes produce and which no UTF-8 encoder (SQLite,
-    Kafka, the logs) accepts."""
-    if not isinstance(value, str):
-        return False
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
+def event_api(name: str) -> WireApi | None:
+    """The API an event names (None: ``generic``, whose rules are its task's);
+    :class:`InputError` for a name relmon does not know."""
+    if name == GENERIC:
+        return None
+    if name not in API_NAMES:
+        raise _reject(f"'api' must be one of {', '.join(API_NAMES)}")
+    return get_api(name)
 
 
-def _content_ok(content: Any) -> bool:
-    """A message's content: text, null, or a list of parts whose ``text`` is text."""
-    if content is None:
-        return True
-    if isinstance(content, str):
-        return is_text(content)
-    if not isinstance(content, list):
-        return False
-    for part in content:
-        if not isinstance(part, dict):
-            return False
-        if "text" in part and not is_text(part["text"]):
-            return False
-    return True
+def _check_request(api: WireApi | None, request: Any) -> None:
+    if api is None:  # generic: any JSON object; its task's query_path reads it
+        if not isinstance(request, dict):
+            raise _reject("'request' must be a JSON object")
+        return
+    if not isinstance(request, dict):
+        raise _reject(
+            "'request' must be a chat request with a non-empty 'messages' list"
+            if api.name == DEFAULT_API
+            else f"'request' must be a JSON object (an {api.name} request)"
+        )
+    api.check_request(request)
 
 
-def _check_messages(request: Mapping[str, Any]) -> None:
-    messages = request.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise _reject("'request' must be a chat request with a non-empty 'messages' list")
-    for m in messages:
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or "content" not in m:
-            raise _reject("'request' must be a chat request with a non-empty 'messages' list")
-        if not _content_ok(m["content"]):
-            raise _reject(
-                "a message's 'content' must be text, null or a list of parts whose 'text' is text"
-            )
+def served_answer(api: WireApi | None, response: Any) -> str | None:
+    """The answer production served, from an event's ``response`` (the API's JSON, or
+    the text of its SSE stream); None when there is none or relmon cannot read it."""
+    if response is None or api is None:
+        return None
+    if isinstance(response, str):
+        return api.stream_answer(sse_payloads(response))
+    if not isinstance(response, dict):
+        raise _reject("'response' must be a JSON object or the text of an SSE stream")
+    return api.answer(response)
 
 
-def _response_text(response: Any) -> str | None:
+def _response_text(api: WireApi | None, response: Any) -> str | None:
     if response is None:
         return None
-    try:
-        content = response["choices"][0]["message"]["content"]
-    except (KeyError, IndexError, TypeError):
-        raise _reject("'response' has no choices[0].message.content") from None
-    if content is not None and not is_text(content):
+    if api is not None and api.name == DEFAULT_API and not isinstance(response, str):
+        try:  # a chat event's response has always been checked
+            content = response["choices"][0]["message"]
+        except (KeyError, IndexError, TypeError):
+            raise _reject("'response' has no choices[0].message.content") from None
+        if not isinstance(content, dict):
+            raise _reject("'response' has no choices[0].message.content")
+    text = served_answer(api, response)
+    chat = api is not None and api.name == DEFAULT_API and isinstance(response, dict)
+    if text is None and chat and response["choices"][0]["message"].get("content") is not None:
         raise _reject("'response' content is not a string")
-    return content if isinstance(content, str) else None
+    if text is not None and not is_text(text):
+        raise _reject("'response' content is not a string")
+    return text
 
 
 def parse_event(
@@ -135,10 +160,21 @@ def parse_event(
         obj = raw
     if not isinstance(obj, dict):
         raise _reject("event is not a JSON object")
+    name = obj.get("api", DEFAULT_API)
+    if not isinstance(name, str):
+        raise _reject(f"'api' must be one of {', '.join(API_NAMES)}")
+    api = event_api(name)
+    path = obj.get("path")
+    if path is not None and (
+        not isinstance(path, str) or not is_text(path) or len(path) > MAX_PATH_CHARS
+    ):
+        raise _reject(f"'path' must be a text of at most {MAX_PATH_CHARS} characters")
     request = obj.get("request")
-    model = obj.get("model", request.get("model") if isinstance(request, dict) else None)
+    model = obj.get("model")
+    if model is None and isinstance(request, dict):
+        model = _request_model(api, request, path)
     item_id, request, model, task, ts = _checked(
-        obj.get("id"), request, model, obj.get("task"), obj.get("ts")
+        obj.get("id"), request, model, obj.get("task"), obj.get("ts"), api=api
     )
     return TrafficEvent(
         id=item_id,
@@ -146,12 +182,43 @@ def parse_event(
         request=request,
         task=task,
         ts=ts,
-        response_text=_response_text(obj.get("response")),
+        response_text=_response_text(api, obj.get("response")),
+        api=name,
+        path=_without_query(path),
+        headers=_event_headers(name, obj.get("headers")),
     )
 
 
+def _event_headers(api: str, headers: Any) -> tuple[tuple[str, str], ...]:
+    """The headers an event names (an object) that its API's re-asks carry."""
+    if headers is None:
+        return ()
+    if not isinstance(headers, dict):
+        raise _reject("'headers' must be an object of header names and values")
+    lowered = {str(k).lower(): v for k, v in headers.items()}
+    return carried_headers(api, lambda name: _text_or_none(lowered.get(name)))
+
+
+def _text_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) and is_text(value) else None
+
+
+def _without_query(path: str | None) -> str | None:
+    """A path without its query string (a Gemini ``?key=`` is never kept)."""
+    return None if path is None else path.split("?", 1)[0]
+
+
+def _request_model(api: WireApi | None, request: Mapping[str, Any], path: str | None) -> Any:
+    """The model a request names (in its body or, Gemini, its path); a generic request
+    that names none is under the model ``generic`` (its task's model labels it)."""
+    if api is None:
+        model = request.get("model")
+        return model if model is not None else GENERIC
+    return api.model(request, _without_query(path)) or request.get("model")
+
+
 def _checked(
-    item_id: Any, request: Any, model: Any, task: Any, ts: Any
+    item_id: Any, request: Any, model: Any, task: Any, ts: Any, *, api: WireApi | None
 ) -> tuple[str, dict[str, Any], str, str | None, datetime | None]:
     """An event's fields validated, in the order their reasons are reported."""
     if isinstance(item_id, bool) or not isinstance(item_id, str | int) or str(item_id) == "":
@@ -160,9 +227,7 @@ def _checked(
         raise _reject("'id' must be valid Unicode")
     if len(str(item_id)) > MAX_EVENT_ID_CHARS:
         raise _reject(f"'id' is over the limit of {MAX_EVENT_ID_CHARS} characters")
-    if not isinstance(request, dict):
-        raise _reject("'request' must be a chat request with a non-empty 'messages' list")
-    _check_messages(request)
+    _check_request(api, request)
     if not isinstance(model, str) or not model:
         raise _reject("'model' must be a non-empty string")
     if not is_text(model):
@@ -187,12 +252,17 @@ def event_from_request(
     task: str | None = None,
     response_text: str | None = None,
     draw: float | None = None,
+    api: str = DEFAULT_API,
+    path: str | None = None,
+    headers: tuple[tuple[str, str], ...] = (),
 ) -> TrafficEvent:
     """An event from a mirrored or proxied request body, validated as :func:`parse_event`
-    validates ``{"id": item_id, "model": body["model"], "task": task, "request": body,
-    "response": <response_text as a chat completion>}`` (``draw``: its sampling draw),
+    validates ``{"id": item_id, "api": api, "path": path, "task": task, "request": body,
+    "response": <response_text in the API's shape>}`` (``draw``: its sampling draw),
     without building that document: a sampled proxied request costs the live path this."""
-    item_id, request, model, task, _ = _checked(item_id, dict(body), body.get("model"), task, None)
+    wire = event_api(api)
+    model = _request_model(wire, body, path)
+    item_id, request, model, task, _ = _checked(item_id, dict(body), model, task, None, api=wire)
     if response_text is not None and not is_text(response_text):
         raise _reject("'response' content is not a string")
     return TrafficEvent(
@@ -202,29 +272,25 @@ def event_from_request(
         task=task,
         response_text=response_text,
         draw=draw,
+        api=api,
+        path=_without_query(path),
+        headers=headers,
     )
 
 
-def query_text(request: Mapping[str, Any]) -> str:
-    """The user-visible text of a chat request (for canonicalizer context; never logged)."""
-    parts = []
-    for m in request.get("messages", []):
-        content = m.get("content") if isinstance(m, dict) else None
-        if isinstance(content, str):
-            parts.append(content)
-        elif isinstance(content, list):  # content parts
-            parts.extend(
-                p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
-            )
-    return "\n".join(parts)
+def query_text(request: Mapping[str, Any], api: WireApi | None = None) -> str:
+    """The question of a request (``api``'s, chat by default): the canonicalizer's
+    context, the review's query; never logged."""
+    return (api or _CHAT).query(request)
 
 
-def query_hash(request: Mapping[str, Any], key: bytes) -> str:
+def query_hash(request: Mapping[str, Any] | str, key: bytes) -> str:
     """A short keyed hash (HMAC-SHA256) of the query, logged instead of the text.
 
     Equal queries get equal hashes under one key, so repeats can be spotted in the
     logs; without the key, a dictionary of likely prompts cannot be matched against
     them (an unkeyed hash of a short prompt is reversed by trying candidates).
     """
-    text = query_text(request).encode("utf-8", "surrogatepass")
+    query = request if isinstance(request, str) else query_text(request)
+    text = query.encode("utf-8", "surrogatepass")
     return hmac.new(key, text, hashlib.sha256).hexdigest()[:16]

@@ -19,6 +19,12 @@ so does the re-ask. Only a request that carries nothing but ``messages`` (and
 and ``max_tokens``. Last, the task's ``set`` mapping replaces or adds fields and its
 ``drop`` list removes fields.
 
+Each wire API has its own :class:`FieldRules` (:mod:`monitor.core.apis`): which fields
+it drops, which are relmon's own, which it forces (Responses ``store: false``), where its
+temperature is and how high it may go (Anthropic: 1.0). Field names may be dotted paths
+into nested objects (``generationConfig.seed``); ``reask.set`` and ``reask.drop`` take
+them too. :data:`CHAT_RULES` are the rules above.
+
 Every change is returned (:attr:`Reask.changes`, field → ``{"from": sent, "to":
 re-asked}``, ``"from"`` absent when the request did not send it, ``"to"`` absent when
 dropped), so that it is counted (``relmon_reask_overrides_total{field}``) and shown to
@@ -36,10 +42,13 @@ from typing import Any, Final
 from monitor.core.errors import ConfigError
 
 __all__ = [
+    "CHAT_RULES",
     "DROPPED_FIELDS",
     "OWN_FIELDS",
+    "FieldRules",
     "Reask",
     "ReaskPolicy",
+    "get_field",
     "override_fields",
     "reask_request",
     "shown_value",
@@ -59,6 +68,31 @@ OWN_FIELDS: Final = ("n", "stream", "stream_options")
 """Fields relmon sets itself on every call: not part of the measured request."""
 _BUILT: Final = frozenset({"messages", "model"})
 """A request with only these fields is built by relmon (the task's defaults apply)."""
+
+
+@dataclass(frozen=True, slots=True)
+class FieldRules:
+    """One wire API's re-ask rules (see the module). Names may be dotted paths."""
+
+    dropped: tuple[str, ...] = DROPPED_FIELDS
+    """Never resent; each counted and shown as a change."""
+    own: tuple[str, ...] = OWN_FIELDS
+    """relmon's own (removed silently; the client sets them per call)."""
+    forced: tuple[tuple[str, Any], ...] = ()
+    """``(field, value)`` always sent with this value (a change when it differs)."""
+    temperature: str | None = "temperature"
+    """Where the API keeps the temperature (None: it has none relmon raises)."""
+    max_temperature: float | None = None
+    """The highest temperature the API accepts (a raise never goes past it)."""
+    model: str | None = "model"
+    """The body field naming the model (None: the model is in the path)."""
+    built: frozenset[str] | None = _BUILT
+    """A request with only these fields is one relmon builds itself (the task's
+    ``temperature`` and ``max_tokens`` apply); None: never."""
+
+
+CHAT_RULES: Final = FieldRules()
+"""The rules of OpenAI Chat Completions (the module docstring)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,10 +126,18 @@ class Reask:
     changes: dict[str, dict[str, Any]]
 
 
-def override_fields(policy: ReaskPolicy) -> tuple[str, ...]:
-    """Every field a re-ask under ``policy`` can change: the label values of
+def override_fields(
+    policy: ReaskPolicy, rules: Sequence[FieldRules] = (CHAT_RULES,)
+) -> tuple[str, ...]:
+    """Every field a re-ask under ``policy`` can change, under any of ``rules`` (the
+    APIs a task may re-ask in): the label values of
     ``relmon_reask_overrides_total{field}``, known at start."""
-    names = {*DROPPED_FIELDS, "model", "temperature", "max_tokens", *policy.set, *policy.drop}
+    names = {"model", "max_tokens", *policy.set, *policy.drop}
+    for r in rules:
+        names.update(r.dropped)
+        names.update(name for name, _ in r.forced)
+        if r.temperature is not None:
+            names.add(r.temperature)
     return tuple(sorted(names))
 
 
@@ -128,17 +170,73 @@ def _change(changes: dict[str, dict[str, Any]], name: str, before: Any, after: A
     changes[name] = entry
 
 
-def reask_request(request: Mapping[str, Any], policy: ReaskPolicy) -> Reask:
-    """The re-ask of ``request`` under ``policy`` (see the module docstring)."""
-    body = {k: v for k, v in request.items() if k not in OWN_FIELDS}
+def _copied(body: Mapping[str, Any], name: str) -> dict[str, Any] | None:
+    """The object holding field ``name`` (a dotted path) in ``body``, copied on the way
+    down so that the production request is never changed; None when a parent is missing
+    or not an object."""
+    node: dict[str, Any] = body  # type: ignore[assignment]  # the caller's own copy
+    *parents, _ = name.split(".")
+    for part in parents:
+        child = node.get(part)
+        if not isinstance(child, Mapping):
+            return None
+        node[part] = child = dict(child)
+        node = child
+    return node
+
+
+def get_field(body: Mapping[str, Any], name: str) -> Any:
+    """The value at ``name`` (a dotted path), or the absent marker."""
+    node: Any = body
+    for part in name.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return _ABSENT
+        node = node[part]
+    return node
+
+
+def _pop(body: dict[str, Any], name: str) -> Any:
+    parent = _copied(body, name) if "." in name else body
+    if parent is None:
+        return _ABSENT
+    return parent.pop(name.rsplit(".", 1)[-1], _ABSENT)
+
+
+def _put(body: dict[str, Any], name: str, value: Any) -> None:
+    if "." in name:
+        node = body
+        for part in name.split(".")[:-1]:
+            child = node.get(part)
+            node[part] = child = dict(child) if isinstance(child, Mapping) else {}
+            node = child
+        node[name.rsplit(".", 1)[-1]] = value
+    else:
+        body[name] = value
+
+
+def reask_request(
+    request: Mapping[str, Any], policy: ReaskPolicy, rules: FieldRules = CHAT_RULES
+) -> Reask:
+    """The re-ask of ``request`` under ``policy`` and the API's ``rules`` (see the
+    module docstring)."""
+    body = dict(request)
+    for name in rules.own:
+        _pop(body, name)
     changes: dict[str, dict[str, Any]] = {}
-    built = set(body) <= _BUILT
-    for name in DROPPED_FIELDS:
-        if name in body:
-            _change(changes, name, body.pop(name), _ABSENT)
-    if policy.model is not None and body.get("model") != policy.model:
-        _change(changes, "model", body.get("model", _ABSENT), policy.model)
-        body["model"] = policy.model
+    built = rules.built is not None and set(body) <= rules.built
+    for name in rules.dropped:
+        before = _pop(body, name)
+        if before is not _ABSENT:
+            _change(changes, name, before, _ABSENT)
+    for name, value in rules.forced:
+        before = get_field(body, name)
+        if before is _ABSENT or before != value or type(before) is not type(value):
+            _change(changes, name, before, value)
+            _put(body, name, value)
+    field_ = rules.model
+    if field_ is not None and policy.model is not None and body.get(field_) != policy.model:
+        _change(changes, field_, body.get(field_, _ABSENT), policy.model)
+        body[field_] = policy.model
     if built:
         for name, default in (
             ("temperature", policy.default_temperature),
@@ -147,21 +245,37 @@ def reask_request(request: Mapping[str, Any], policy: ReaskPolicy) -> Reask:
             if default is not None:
                 _change(changes, name, _ABSENT, default)
                 body[name] = default
-    temperature = body.get("temperature")
+    if rules.temperature is not None:
+        _raise_temperature(body, changes, request, policy, rules)
+    for name, value in policy.set.items():
+        if get_field(body, name) != value:
+            _change(changes, name, get_field(request, name), value)
+            _put(body, name, value)
+    for name in policy.drop:
+        if _pop(body, name) is not _ABSENT:
+            _change(changes, name, get_field(request, name), _ABSENT)
+    return Reask(body, changes)
+
+
+def _raise_temperature(
+    body: dict[str, Any],
+    changes: dict[str, dict[str, Any]],
+    request: Mapping[str, Any],
+    policy: ReaskPolicy,
+    rules: FieldRules,
+) -> None:
+    """A temperature below the policy's minimum raised to it, never past the API's
+    maximum (a request sent above that maximum is the server's to refuse, as it was)."""
+    name = rules.temperature
+    assert name is not None
+    temperature = get_field(body, name)
+    floor = policy.min_temperature
+    if rules.max_temperature is not None:
+        floor = min(floor, rules.max_temperature)
     if (
         isinstance(temperature, int | float)
         and not isinstance(temperature, bool)
-        and temperature < policy.min_temperature
+        and temperature < floor
     ):
-        before = request.get("temperature", _ABSENT)
-        _change(changes, "temperature", before, policy.min_temperature)
-        body["temperature"] = policy.min_temperature
-    for name, value in policy.set.items():
-        if body.get(name, _ABSENT) != value:
-            _change(changes, name, request.get(name, _ABSENT), value)
-            body[name] = value
-    for name in policy.drop:
-        if name in body:
-            _change(changes, name, request.get(name, _ABSENT), _ABSENT)
-            del body[name]
-    return Reask(body, changes)
+        _change(changes, name, get_field(request, name), floor)
+        _put(body, name, floor)

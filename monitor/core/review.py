@@ -92,6 +92,8 @@ class ReviewItem:
     reask_changes: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     """How the re-asks differed from the request production sent: field ->
     ``{"from": sent, "to": re-asked}`` (:mod:`monitor.core.reask`); shown to the reviewer."""
+    api: str = "openai.chat"
+    """The wire API of the production call (``monitor.core.apis``); shown to the reviewer."""
 
     @classmethod
     def from_consensus(
@@ -107,6 +109,7 @@ class ReviewItem:
         thresholds: tuple[tuple[float, float], ...] = (),
         aci_threshold: float | None = None,
         reask_changes: Mapping[str, Mapping[str, Any]] | None = None,
+        api: str = "openai.chat",
     ) -> ReviewItem:
         return cls(
             item_id=item_id,
@@ -120,6 +123,7 @@ class ReviewItem:
             thresholds=thresholds,
             aci_threshold=aci_threshold,
             reask_changes=dict(reask_changes or {}),
+            api=api,
         )
 
     @property
@@ -163,6 +167,7 @@ class ReviewItem:
                     None if d.get("aci_threshold") is None else float(d["aci_threshold"])
                 ),
                 reask_changes=_reask_changes(d.get("reask_changes")),
+                api=str(d.get("api") or "openai.chat"),  # items before the fourth round
             )
         except (KeyError, TypeError, ValueError, OverflowError) as exc:  # Overflow: Infinity
             raise InputError(f"malformed review item: {exc}") from None

@@ -11,20 +11,26 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import Final
 
 import structlog
 
+from monitor.core.apis.registry import DEFAULT_API
+from monitor.core.errors import InputError
 from monitor.core.events import TrafficEvent
 from monitor.core.sampler import CallBudget, SampleKey, sampled
-from monitor.engine.metrics import Metrics
+from monitor.engine.metrics import UNMONITORED, Metrics
 from monitor.engine.ports import Admission, CalibrationStore, Clock
 from monitor.engine.routing import TaskRouter
 from monitor.engine.runtime import Job, ServiceStats, TaskRuntime, item_id
 
-__all__ = ["RECENT_ITEM_IDS", "AdmissionControl"]
+__all__ = ["HEAD_COUNTED", "RECENT_ITEM_IDS", "AdmissionControl"]
 
 log = structlog.get_logger("relmon")
 
+HEAD_COUNTED: Final = ("mirror", "proxy")
+"""Sources whose requests the traffic port counts by API from their head (every other
+source's events are counted by API when offered or skipped by its fast path)."""
 RECENT_ITEM_IDS = 100_000
 """How many admitted item ids are remembered to recognise a repeated event."""
 
@@ -52,6 +58,7 @@ class AdmissionControl:
         self.stats = stats
         # Held here: the fast path counts most requests, and these are two lookups less.
         self._events = metrics.traffic_events
+        self._requests = metrics.traffic_requests
         self._by_decision = stats.by_decision
         self.accepting = True
         self._admitted: OrderedDict[str, asyncio.Future[None] | None] = OrderedDict()
@@ -61,6 +68,13 @@ class AdmissionControl:
         by_decision = self._by_decision
         by_decision[decision] = by_decision.get(decision, 0) + 1
 
+    def count_api(self, source: str, api: str, n: int = 1) -> None:
+        """``n`` requests or events of ``source`` in wire API ``api`` (``unmonitored``:
+        relayed, but no API relmon reads; also counted as that decision)."""
+        self._requests.add(source, api, n)
+        if api == UNMONITORED:
+            self.count_many(source, UNMONITORED, n)
+
     def reject(self, source: str, reason: str) -> None:
         """A malformed event a source could not parse (already dead-lettered by it)."""
         self.count(source, "rejected")
@@ -68,6 +82,8 @@ class AdmissionControl:
 
     def offer(self, event: TrafficEvent, source: str, *, wait: bool = False) -> Admission:
         """Admit or not; never blocks, never raises for a bad event (see the module)."""
+        if source not in HEAD_COUNTED:  # the traffic port counted it by its path already
+            self._requests.add(source, event.api, 1)
         task = self.router.resolve(event)
         by = event.id if event.draw is None else event.draw  # the sampling key
         if task is None or not sampled(task.name, by, task.settings.sampling_rate):
@@ -78,6 +94,9 @@ class AdmissionControl:
             self.count(source, "duplicate")
             earlier = self._admitted.get(key)
             return Admission("duplicate", earlier if earlier and not earlier.done() else None)
+        refused = self._not_reasked(event, task, source)
+        if refused is not None:
+            return refused
         now = self.clock.monotonic()
         reserve = task.settings.k_max
         if not self.accepting or not self.budget.try_reserve(reserve, now):
@@ -93,6 +112,22 @@ class AdmissionControl:
         self.count(source, "sampled")
         return Admission("sampled", job.done)
 
+    def _not_reasked(self, event: TrafficEvent, task: TaskRuntime, source: str) -> Admission | None:
+        """A sampled event whose API the task cannot re-ask in (rejected), or that must
+        not be re-asked (``not_reasked``, by reason); None: it may be."""
+        try:
+            api = task.api(event)
+        except InputError as exc:
+            self.reject(source, str(exc))
+            return Admission("rejected")
+        reason = api.not_reasked(event.request, task.server_tools)
+        if reason is None:
+            return None
+        self.count(source, "not_reasked")
+        self.metrics.not_reasked.labels(task.model, task.name, reason).inc()
+        log.info("event_not_reasked", source=source, task=task.name, api=api.name, reason=reason)
+        return Admission("not_reasked")
+
     def skip_unsampled(
         self, source: str, task_name: str | None, model: str | None, event_id: str
     ) -> bool:
@@ -101,6 +136,7 @@ class AdmissionControl:
         False: the source parses the event and offers it (which decides again)."""
         if not self.router.unsampled(task_name, model, event_id):
             return False
+        self._requests.add(source, DEFAULT_API, 1)  # the fast path reads chat events only
         self.count(source, "skipped")
         return True
 

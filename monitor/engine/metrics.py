@@ -25,22 +25,39 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from monitor.core.apis.registry import API_NAMES
 from monitor.core.ppi import PPIEstimate
 from monitor.core.window import WindowSnapshot
 
 __all__ = [
     "ITEM_OUTCOMES",
     "JUDGE_OUTCOMES",
+    "NOT_REASKED_REASONS",
     "REJECTED_VERDICT_REASONS",
     "TOP_ANSWER_OUTCOMES",
+    "TRAFFIC_APIS",
     "TRAFFIC_DECISIONS",
+    "UNMONITORED",
     "VERDICT_KINDS",
     "EventCounts",
     "Metrics",
 ]
 
-TRAFFIC_DECISIONS: Final = ("sampled", "skipped", "duplicate", "dropped", "rejected")
+TRAFFIC_DECISIONS: Final = (
+    "sampled",
+    "skipped",
+    "duplicate",
+    "dropped",
+    "rejected",
+    "not_reasked",
+    "unmonitored",
+)
 """``relmon_traffic_events_total{decision}`` values (see :data:`monitor.engine.ports.Decision`)."""
+UNMONITORED: Final = "unmonitored"
+NOT_REASKED_REASONS: Final = ("conversation", "server_tool")
+"""``relmon_not_reasked_total{reason}`` values."""
+TRAFFIC_APIS: Final = (*API_NAMES, UNMONITORED)
+"""``relmon_traffic_requests_total{api}`` values: every wire API, and ``unmonitored``."""
 ITEM_OUTCOMES: Final = ("scored", "abandoned", "interrupted")
 """``relmon_items_total{outcome}`` values."""
 JUDGE_OUTCOMES: Final = ("acceptable", "not_acceptable", "unusable", "error")
@@ -59,15 +76,28 @@ disable_created_metrics()  # type: ignore[no-untyped-call]
 class EventCounts(Collector):
     """``relmon_traffic_events_total{source,decision}`` as plain ints: every traffic
     event adds one (a dict update, no lock: a locked Prometheus counter cost a proxied
-    request more than a microsecond), read when the registry is collected."""
+    request more than a microsecond), read when the registry is collected. With other
+    names and values, ``relmon_traffic_requests_total{source,api}`` the same way."""
 
     NAME: Final = "relmon_traffic_events"
     HELP: Final = "Traffic events by source and what relmon did with them."
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        *,
+        name: str = NAME,
+        help_text: str = HELP,
+        label: str = "decision",
+        values: Sequence[str] = TRAFFIC_DECISIONS,
+    ) -> None:
         # By source, then decision: two lookups by strings (their hashes kept), where a
         # (source, decision) key built a tuple and hashed it for every event.
         self.counts: dict[str, dict[str, int]] = {}
+        self._name = name
+        self._help = help_text
+        self._labels = ["source", label]
+        self._values = tuple(values)
         registry.register(self)
 
     def add(self, source: str, decision: str, n: int = 1) -> None:
@@ -79,14 +109,14 @@ class EventCounts(Collector):
     def init(self, source: str) -> None:
         """Every decision of ``source`` at 0 (kept if already counted)."""
         by_decision = self.counts.setdefault(source, {})
-        for decision in TRAFFIC_DECISIONS:
+        for decision in self._values:
             by_decision.setdefault(decision, 0)
 
     def describe(self) -> list[Metric]:
-        return [CounterMetricFamily(self.NAME, self.HELP, labels=["source", "decision"])]
+        return [CounterMetricFamily(self._name, self._help, labels=self._labels)]
 
     def collect(self) -> Iterator[Metric]:
-        family = CounterMetricFamily(self.NAME, self.HELP, labels=["source", "decision"])
+        family = CounterMetricFamily(self._name, self._help, labels=self._labels)
         for source, by_decision in list(self.counts.items()):  # copies: one C call each
             for decision, count in list(by_decision.items()):
                 family.add_metric([source, decision], count)
@@ -213,6 +243,14 @@ class Metrics:
             buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0),
             registry=registry,
         )
+        self.not_reasked = Counter(
+            "relmon_not_reasked",
+            "Sampled requests relmon must not repeat, by reason: conversation (a re-ask "
+            "would append to the user's conversation), server_tool (a tool the provider "
+            "runs would run again; reask.server_tools lists read-only ones).",
+            (*mt, "reason"),
+            registry=registry,
+        )
         self.reask_overrides = Counter(
             "relmon_reask_overrides",
             "Sampled items whose re-ask changed this field of the production request "
@@ -230,6 +268,14 @@ class Metrics:
     def _traffic_and_review_metrics(self, registry: CollectorRegistry) -> None:
         mt = ("model", "task")
         self.traffic_events = EventCounts(registry)
+        self.traffic_requests = EventCounts(
+            registry,
+            name="relmon_traffic_requests",
+            help_text="Requests and events a source saw, by wire API (unmonitored: relayed "
+            "by the traffic port, but no API relmon reads).",
+            label="api",
+            values=TRAFFIC_APIS,
+        )
         self.items = Counter(
             "relmon_items",
             "Sampled items by outcome: scored; abandoned after failed model calls; "
@@ -370,6 +416,8 @@ class Metrics:
             self.model_calls.labels(model, task, outcome)
         for name in reask_fields:
             self.reask_overrides.labels(model, task, name)
+        for reason in NOT_REASKED_REASONS:
+            self.not_reasked.labels(model, task, reason)
         for outcome in ITEM_OUTCOMES:
             self.items.labels(model, task, outcome)
         for kind in VERDICT_KINDS:
@@ -416,6 +464,7 @@ class Metrics:
         self.source_restarts.labels(source)
         if traffic:
             self.traffic_events.init(source)
+            self.traffic_requests.init(source)
 
     def publish(
         self, model: str, task: str, snapshot: WindowSnapshot, alphas: Sequence[float]

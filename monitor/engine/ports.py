@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from monitor.core.apis.base import Route, WireApi
 from monitor.core.events import TrafficEvent
 from monitor.core.review import ReviewItem, Verdict
 
@@ -43,10 +44,23 @@ __all__ = [
     "VerdictOutcome",
 ]
 
-Decision = Literal["sampled", "skipped", "duplicate", "dropped", "rejected", "busy"]
+Decision = Literal[
+    "sampled",
+    "skipped",
+    "duplicate",
+    "dropped",
+    "rejected",
+    "not_reasked",
+    "unmonitored",
+    "busy",
+]
 """What :meth:`MonitorService.offer` did; every value but ``busy`` is counted in
-``relmon_traffic_events_total{decision}``. ``busy`` (only for a source that may wait, such
-as Kafka) means: no budget or queue room right now, nothing counted, offer it again later."""
+``relmon_traffic_events_total{decision}``. ``not_reasked``: sampled, but a request relmon
+must not repeat (it would write into the user's conversation, or run a provider's tool
+again: ``relmon_not_reasked_total{reason}``); ``unmonitored``: a request the traffic port
+relayed but no API of relmon's reads (counted by the traffic port, never offered).
+``busy`` (only for a source that may wait, such as Kafka) means: no budget or queue room
+right now, nothing counted, offer it again later."""
 
 
 class Clock(Protocol):
@@ -80,9 +94,17 @@ class ModelClient(Protocol):
         """The circuit breaker's state (``closed`` for a client without one)."""
         ...
 
-    async def sample(self, request: Mapping[str, Any], n: int) -> list[str]:
+    async def sample(
+        self,
+        request: Mapping[str, Any],
+        n: int,
+        *,
+        api: WireApi | None = None,
+        route: Route | None = None,
+    ) -> list[str]:
         """``n`` answers to ``request``, the re-ask of a production request (sent as it
-        is, with ``n`` and without streaming).
+        is, asking for several answers where ``api`` can, without streaming), in ``api``
+        by ``route`` (None: OpenAI chat completions).
 
         Raises :class:`monitor.core.errors.ModelCallError` when the calls fail after retries.
         """

@@ -65,13 +65,14 @@ class ReviewRouter:
             item_id=job.item_id,
             model=task.model,
             task=task.name,
-            query=self.redactor.redact(query_text(job.event.request)),
+            query=self.redactor.redact(query_text(job.event.request, job.task.api(job.event))),
             consensus=self.redactor.redact_consensus(consensus),
             inclusion_probability=inclusion_probability,
             sampled_at=job.sampled_at,
             thresholds=thresholds,
             aci_threshold=aci_threshold,
             reask_changes=job.reask_changes,
+            api=job.event.api,
         )
 
     async def route(self, item: ReviewItem) -> bool:

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any, Generic, Protocol, TypeVar
 
 from monitor.config import TaskSettings
+from monitor.core.apis.registry import DEFAULT_API
 from monitor.core.events import TrafficEvent
 from monitor.core.sampler import SampleKey, sampled
 
@@ -60,13 +61,18 @@ class TaskRouter(Generic[T]):
                 if t.settings.match.model is None
                 and t.settings.match.header is None
                 and t.settings.match.path_prefix is None
+                and t.settings.match.api is None
             ),
             None,
         )
         # The tasks an event whose task follows from its model may get: those matched by
         # model, and the catch-all one; their (name, sampling rate), read by
         # skip_unsampled_any_model for every such event.
-        candidates = [t for t in tasks.values() if t.settings.match.model is not None]
+        candidates = [
+            t
+            for t in tasks.values()
+            if t.settings.match.model is not None or t.settings.match.api is not None
+        ]
         if self._catch_all is not None:
             candidates.append(self._catch_all)
         self.candidate_rates = [(t.name, t.settings.sampling_rate) for t in candidates]
@@ -75,6 +81,7 @@ class TaskRouter(Generic[T]):
         # The match rules as lookups, the first task in order winning each.
         self._by_header: dict[str, str] = {}
         self._by_model: dict[str, T] = {}
+        self._by_api: dict[str, T] = {}
         for t in tasks.values():
             m = t.settings.match
             for value in (m.header, t.name):
@@ -82,6 +89,8 @@ class TaskRouter(Generic[T]):
                     self._by_header.setdefault(value, t.name)
             if m.model is not None:
                 self._by_model.setdefault(m.model, t)
+            if m.api is not None:
+                self._by_api.setdefault(m.api, t)
         self._by_prefix = [
             (t.settings.match.path_prefix, t.name)
             for t in tasks.values()
@@ -89,19 +98,26 @@ class TaskRouter(Generic[T]):
         ]
 
     def resolve(self, event: TrafficEvent) -> T | None:
-        return self.resolve_fields(event.task, event.model)
+        return self.resolve_fields(event.task, event.model, event.api)
 
-    def resolve_fields(self, task_name: str | None, model: str | None) -> T | None:
-        """The task of an event with these fields (before the whole event is parsed)."""
+    def resolve_fields(
+        self, task_name: str | None, model: str | None, api: str | None = None
+    ) -> T | None:
+        """The task of an event with these fields (before the whole event is parsed):
+        named, else by its model, else by its API, else the catch-all task."""
         if task_name is not None:
             return self.tasks.get(task_name)
         task = self._by_model.get(model) if model is not None else None
+        if task is None and api is not None and self._by_api:
+            task = self._by_api.get(api)
         return task if task is not None else self._catch_all
 
-    def unsampled(self, task_name: str | None, model: str | None, key: SampleKey) -> bool:
+    def unsampled(
+        self, task_name: str | None, model: str | None, key: SampleKey, api: str = DEFAULT_API
+    ) -> bool:
         """Whether an event with these fields and sampling key (its id, or its draw) is
         skipped: no task, or not sampled."""
-        task = self.resolve_fields(task_name, model)
+        task = self.resolve_fields(task_name, model, api)
         return task is None or not sampled(task.name, key, task.settings.sampling_rate)
 
     def unsampled_any_model(self, key: SampleKey) -> bool:

@@ -14,12 +14,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from monitor.config import TaskSettings
+from monitor.core.apis.base import WireApi
+from monitor.core.apis.registry import API_NAMES, GENERIC, get_api
 from monitor.core.canon.base import AsyncCanonicalizer, Canonicalizer
 from monitor.core.consensus import Consensus
+from monitor.core.errors import InputError
 from monitor.core.events import TrafficEvent
 from monitor.core.judging import DEFAULT_JUDGE_TEMPLATE
 from monitor.core.priority import prioritised_inclusion_probability
-from monitor.core.reask import ReaskPolicy
+from monitor.core.reask import FieldRules, ReaskPolicy
 from monitor.core.stopping import StoppingRule, fewest_samples
 from monitor.engine.metrics import TRAFFIC_DECISIONS
 from monitor.engine.ports import ModelClient
@@ -90,6 +93,42 @@ class TaskRuntime:
             set=dict(s.reask.set),
             drop=tuple(s.reask.drop),
         )
+
+    @functools.cached_property
+    def server_tools(self) -> frozenset[str]:
+        """Provider-run tools this task lists as read-only (``reask.server_tools``)."""
+        return frozenset(self.settings.reask.server_tools)
+
+    @functools.cached_property
+    def generic(self) -> WireApi | None:
+        """The task's ``generic`` API (``endpoint.api: generic``), built once."""
+        s = self.settings
+        return get_api(GENERIC, s.generic_options) if s.endpoint.api == GENERIC else None
+
+    def api(self, event: TrafficEvent) -> WireApi:
+        """The API ``event`` is read and re-asked in: the event's own; :class:`InputError`
+        when the task's endpoint speaks another (never re-asked in another API)."""
+        wanted = self.settings.endpoint.api
+        if wanted is not None and wanted != event.api:
+            raise InputError(
+                f"a {event.api} event, but task {self.name}'s endpoint.api is {wanted}: "
+                "never re-asked in another API"
+            )
+        if event.api == GENERIC:
+            if self.generic is None:
+                raise InputError(f"a generic event, but task {self.name}'s endpoint is not generic")
+            return self.generic
+        return get_api(event.api)
+
+    @functools.cached_property
+    def field_rules(self) -> tuple[FieldRules, ...]:
+        """The re-ask rules of every API this task may re-ask in (for the label values of
+        ``relmon_reask_overrides_total{field}``, known at start)."""
+        wanted = self.settings.endpoint.api
+        if wanted == GENERIC:
+            return (self.generic.rules,) if self.generic is not None else ()
+        names = [wanted] if wanted is not None else [n for n in API_NAMES if n != GENERIC]
+        return tuple(get_api(n).rules for n in names)
 
     @property
     def target_alpha(self) -> float:

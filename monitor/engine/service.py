@@ -124,9 +124,8 @@ class MonitorService:
         # A verdict for an unknown item, or one that cannot be read, has no model or task:
         # it is counted in relmon_verdicts_rejected_total{reason} (created at 0 by Metrics).
         for t in tasks:
-            self.metrics.init_task(
-                t.model, t.name, t.alphas, t.client_outcomes, override_fields(t.reask)
-            )
+            fields = override_fields(t.reask, t.field_rules)
+            self.metrics.init_task(t.model, t.name, t.alphas, t.client_outcomes, fields)
             self.metrics.reliability_target.labels(t.model, t.name).set(
                 t.settings.reliability_target
             )

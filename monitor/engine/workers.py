@@ -16,6 +16,7 @@ from dataclasses import replace
 
 import structlog
 
+from monitor.core.apis.registry import carried
 from monitor.core.canon.base import QueryContext, per_answer
 from monitor.core.certify import item_rng
 from monitor.core.consensus import Consensus, rank_classes
@@ -186,8 +187,9 @@ class WorkerPool:
         (:meth:`Redactor.redacts_before`) the canonicalizer sees only redacted answers and
         a redacted query, so no secret reaches it, a judge model or a class."""
         task, event = job.task, job.event
+        api = task.api(event)
         redact = self.redactor.redacts_before(task.canonicalizer)
-        query = query_text(event.request)
+        query = api.query(event.request)
         context = QueryContext(query=self.redactor.redact(query) if redact else query)
         answers: list[str] = []
         seen: list[str] = []  # what the canonicalizer is given
@@ -195,13 +197,16 @@ class WorkerPool:
         classes: list[str] = []
         canon = task.canonicalizer
         incremental = per_answer(canon)
-        reask = reask_request(event.request, task.reask)
+        reask = reask_request(event.request, task.reask, api.rules)
+        route = carried(
+            api.route(event.request, event.path, task.settings.endpoint.model), event.headers
+        )
         job.reask_changes = reask.changes
         for name in reask.changes:
             self.metrics.reask_overrides.labels(task.model, task.name, name).inc()
         decision = task.rule.decide([])
         while not decision.stop:
-            batch = await task.client.sample(reask.body, decision.more)
+            batch = await task.client.sample(reask.body, decision.more, api=api, route=route)
             answers.extend(batch)
             seen.extend(self.redactor.redact_all(batch, redacted) if redact else batch)
             self.stats.calls += decision.more
@@ -255,7 +260,7 @@ class WorkerPool:
         item goes on without a label."""
         task = job.task
         counts = self.metrics.judge_labels
-        query = self.redactor.redact(query_text(job.event.request))
+        query = self.redactor.redact(task.api(job.event).query(job.event.request))
         answer = self.redactor.redact(consensus.classes[0]) if consensus.classes else ""
         try:
             label = await ask_judge(judge, task.judge_template, query, answer)
@@ -325,10 +330,11 @@ class WorkerPool:
             task=task.name,
             model=task.model,
             source=job.source,
+            api=event.api,
             query=(
-                query_text(event.request)
+                query_text(event.request, task.api(event))
                 if self.log_prompts
-                else query_hash(event.request, self.query_hash_key)
+                else query_hash(query_text(event.request, task.api(event)), self.query_hash_key)
             ),
             k=consensus.k,
             classes=len(consensus.classes),

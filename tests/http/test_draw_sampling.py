@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry
 from adapters.http import intake as intake_module
 from adapters.http.intake import MAX_REQUEST_ID, HeaderView, Intake, event_key
 from monitor.config import TaskSettings
+from monitor.core.apis.registry import get_api
 from monitor.core.events import TrafficEvent
 from monitor.core.sampler import CallBudget, hash_fraction, sampled
 from monitor.engine.admission import AdmissionControl
@@ -61,7 +62,17 @@ def _settings(name: str, rate: float, model: str | None = None) -> TaskSettings:
 
 def _admission(configured: list[TaskSettings]) -> tuple[AdmissionControl, ServiceStats]:
     runtimes = {
-        t.name: cast(TaskRuntime, SimpleNamespace(name=t.name, settings=t)) for t in configured
+        t.name: cast(
+            TaskRuntime,
+            SimpleNamespace(
+                name=t.name,
+                settings=t,
+                model=t.name,
+                server_tools=frozenset(),
+                api=lambda event: get_api(event.api),
+            ),
+        )
+        for t in configured
     }
     stats = ServiceStats()
     admission = AdmissionControl(

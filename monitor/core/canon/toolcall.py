@@ -30,6 +30,8 @@ __all__ = [
     "ToolCallCanonicalizer",
     "choice_answer",
     "is_marked",
+    "refusal_answer",
+    "tool_calls_answer",
 ]
 
 _TOOL_CALLS: Final = "\x00tool_calls:"
@@ -56,6 +58,19 @@ def choice_answer(message: Mapping[str, Any]) -> str | None:
     if content is None:
         return ""
     return content if isinstance(content, str) else None
+
+
+def tool_calls_answer(calls: Sequence[tuple[str, Any]]) -> str:
+    """The one tool-call answer form for calls of any wire API: ``(name, arguments)``
+    pairs, the arguments a JSON string (OpenAI) or an object (Anthropic ``input``,
+    Gemini ``args``); call ids are not kept."""
+    listed = [{"type": "function", "function": {"name": n, "arguments": a}} for n, a in calls]
+    return _TOOL_CALLS + json.dumps(listed, separators=(",", ":"), allow_nan=False)
+
+
+def refusal_answer(text: str) -> str:
+    """A refusal as an answer string (a class of its own under ``tool_call``)."""
+    return _REFUSAL + text
 
 
 def _call(call: Any) -> dict[str, Any] | None:

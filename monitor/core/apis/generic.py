@@ -1,0 +1,144 @@
+"""``generic``: an agent service's own JSON endpoint (docs/apis/generic.md).
+
+Any JSON object is a request; a task says where its question and its answer are, as
+JMESPath expressions (``tasks[].query_path``, ``tasks[].answer_path``; ``@``, the whole
+body, when not set), compiled once when the task is built. The question is what the
+``query_path`` finds: a string, or a list of strings newline-joined, or any other JSON
+value as compact JSON with sorted keys (``@``: the body); a request in which it finds
+nothing is refused. The answer is the ``answer_path``'s value in the response: a
+string as it is; any other JSON value as compact JSON with its keys sorted, so equal
+structures are one answer; nothing (null, missing) is no answer. Streamed, the answer is
+that of the last event the ``answer_path`` finds something in (a service that streams
+deltas needs an ``answer_path`` that picks its final event).
+
+A re-ask is the body resent as it is (``reask.set`` and ``reask.drop`` still apply) to
+the production path, one answer a call. Whether a service may be asked again at all is
+the task's declaration (``endpoint.repeatable``), checked with the configuration.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+import jmespath
+from jmespath.exceptions import JMESPathError
+from jmespath.parser import ParsedResult
+
+from monitor.core.apis.base import AuthScheme, Route, is_text, require
+from monitor.core.errors import ConfigError, InputError
+from monitor.core.reask import FieldRules
+
+__all__ = ["GenericApi", "json_answer"]
+
+
+def _compiled(option: str, expression: object) -> ParsedResult:
+    """``expression`` compiled; a :class:`ConfigError` that starts with ``option`` (the
+    task's field) and names the expression when it is not JMESPath."""
+    if not isinstance(expression, str) or not expression.strip():
+        raise ConfigError(f"{option}: must be a JMESPath expression, not {expression!r}")
+    try:
+        return jmespath.compile(expression)
+    except JMESPathError as e:
+        where = getattr(e, "lex_position", None)
+        at = f" at column {where}" if isinstance(where, int) else ""
+        raise ConfigError(
+            f"{option}: {expression!r} is not a JMESPath expression (a syntax error{at})"
+        ) from None
+
+
+def _search(expression: ParsedResult, document: Mapping[str, Any]) -> Any:
+    """The expression's value in ``document``; None when it finds nothing or does not
+    apply to it (a function given a value of the wrong type)."""
+    try:
+        return expression.search(document)
+    except JMESPathError:
+        return None
+
+
+def _texts(value: Any) -> list[str] | None:
+    """A string, or a non-empty list of strings, as a list; None otherwise."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+        return value
+    return None
+
+
+def json_answer(value: Any) -> str | None:
+    """An ``answer_path`` value as an answer (see the module)."""
+    if value is None or isinstance(value, str):
+        return value
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+class GenericApi:
+    """The ``generic`` API of one task (see the module): ``query_path`` and
+    ``answer_path`` are JMESPath expressions, a :class:`ConfigError` when one does not
+    compile."""
+
+    __slots__ = ("_answer", "_query", "answer_path", "query_path")
+
+    name: Final = "generic"
+    auth: Final[AuthScheme] = "bearer"
+    max_draws_per_call: Final = 1
+    rules: Final[FieldRules] = FieldRules(
+        dropped=(), own=(), forced=(), temperature=None, model=None, built=None
+    )
+
+    def __init__(self, query_path: str, answer_path: str) -> None:
+        self.query_path: Final = query_path
+        self.answer_path: Final = answer_path
+        self._query: Final = _compiled("query_path", query_path)
+        self._answer: Final = _compiled("answer_path", answer_path)
+
+    def recognises(self, path: str) -> bool:
+        return False  # by the task's match.path_prefix, never by path alone
+
+    def check_request(self, request: Mapping[str, Any]) -> None:
+        require(isinstance(request, dict), "generic: the request must be a JSON object")
+        value = _search(self._query, request)
+        require(
+            value is not None and value != [],
+            f"generic: query_path {self.query_path!r} found no text in the request",
+        )
+        require(is_text(self.query(request)), "generic: the query is not valid Unicode")
+
+    def model(self, request: Mapping[str, Any], path: str | None) -> str | None:
+        model = request.get("model")
+        return model if isinstance(model, str) else None
+
+    def query(self, request: Mapping[str, Any]) -> str:
+        value = _search(self._query, request)
+        texts = _texts(value)
+        if texts is not None:
+            return "\n".join(texts)
+        return json_answer(value) or ""
+
+    def answer(self, response: Mapping[str, Any]) -> str | None:
+        return json_answer(_search(self._answer, response))
+
+    def stream_answer(self, events: Sequence[Mapping[str, Any]]) -> str | None:
+        for event in reversed(events):
+            value = _search(self._answer, event)
+            if value is not None:
+                return json_answer(value)
+        return None
+
+    def not_reasked(self, request: Mapping[str, Any], allowed_tools: frozenset[str]) -> str | None:
+        return None  # endpoint.repeatable is checked with the configuration
+
+    def route(self, request: Mapping[str, Any], path: str | None, model: str | None) -> Route:
+        return Route(self.name, path or "/")
+
+    def answers(self, response: Mapping[str, Any]) -> list[str]:
+        text = self.answer(response)
+        if text is None:
+            raise InputError(f"generic: answer_path {self.answer_path!r} found no answer")
+        return [text]
+
+    def with_draws(self, body: Mapping[str, Any], n: int) -> dict[str, Any]:
+        if n != 1:
+            raise ConfigError(f"generic: one answer a call, not {n}")
+        return dict(body)

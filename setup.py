@@ -19,20 +19,20 @@ import os
 from setuptools import setup
 
 COMPILED = [
-    "adapters/http/request.py",
-    "adapters/http/wire.py",
+    "adapters/traffic/request.py",
+    "adapters/traffic/wire.py",
     "adapters/upstream/pool.py",
-    "adapters/openai/transport.py",
-    "adapters/http/exchange.py",
-    "adapters/http/proxy.py",
-    "adapters/http/proxy_metrics.py",
-    "adapters/http/intake.py",
+    "adapters/model/transport.py",
+    "adapters/traffic/exchange.py",
+    "adapters/traffic/proxy.py",
+    "adapters/traffic/proxy_metrics.py",
+    "adapters/traffic/intake.py",
     "monitor/engine/routing.py",
     "monitor/engine/admission.py",
     "monitor/core/sampler.py",
     "monitor/engine/metrics.py",
     "monitor/core/events.py",
-    "adapters/http/messages.py",
+    "adapters/traffic/messages.py",
 ]
 
 

@@ -2,7 +2,7 @@
 the steadiest figure for a change to the hot path (wrk's saturation runs move by 10% and
 more between runs on a shared machine; this moves by a few).
 
-In one process: relmon's :class:`~adapters.http.traffic.TrafficServer` in proxy mode,
+In one process: relmon's :class:`~adapters.traffic.traffic.TrafficServer` in proxy mode,
 with ``relmon run``'s fast path (one task hash-sampling 1%, the sampled requests handed
 to nothing) and ``bench/lean_proxy.py``'s protocols, each fed the bytes of a chat request
 as wrk sends it and then the bytes of nginx's answer, through transports that only count
@@ -34,7 +34,7 @@ import benchlib
 import lean_proxy
 from proxy_saturation_bench import COMPLETION, HEADERS, REQUEST, fast_path_server
 
-from adapters.http.wire import ServerConnection
+from adapters.traffic.wire import ServerConnection
 from adapters.upstream.pool import UpstreamConnection
 
 ANSWER = COMPLETION.encode()

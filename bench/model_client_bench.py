@@ -6,12 +6,12 @@ the cheapest server there is). Each target runs in a process of its own, on uvlo
 (relmon's loop), makes ``--calls`` calls with 4 at a time after a warm-up, and reports
 the CPU-seconds it spent (``time.process_time``) and the calls per second:
 
-* ``relmon``: :class:`adapters.openai.client.OpenAIClient` of this checkout (compiled
+* ``relmon``: :class:`adapters.model.client.HttpModelClient` of this checkout (compiled
   when ``make compile`` has run);
 * ``aiohttp``: a bare ``aiohttp.ClientSession`` posting the same body and parsing the
   JSON, no retries, breaker or limits: the floor of a client built on aiohttp, which
   relmon's was until this benchmark;
-* ``--tree NAME=PATH``: ``OpenAIClient`` of another checkout (``git worktree add PATH
+* ``--tree NAME=PATH``: ``HttpModelClient`` of another checkout (``git worktree add PATH
   COMMIT``), say the one before a change: before/after from the same run.
 
 Targets run one after the other in a rotating order, ``--repeats`` times; medians and
@@ -61,12 +61,15 @@ async def _calls(target: str, url: str, calls: int, tree: str) -> dict[str, floa
 
         close = session.close
     else:
-        from adapters.openai import client as module  # the tree's
+        try:
+            from adapters.model import client as module  # the tree's
+        except ImportError:  # a tree from before the wire APIs (adapters/openai)
+            from adapters.openai import client as module  # type: ignore[no-redef]
 
         assert module.__file__ is not None and module.__file__.startswith(tree)
-        OpenAIClient = module.OpenAIClient
+        HttpModelClient = getattr(module, "HttpModelClient", None) or module.OpenAIClient
 
-        client = OpenAIClient(
+        client = HttpModelClient(
             base_url=f"{url}/v1", model="bench-model", api_key="k", concurrency=CONCURRENCY,
             forward=True,
         )  # fmt: skip

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from adapters.kafka.source import KafkaUnavailableError
-from adapters.openai.client import parse_completion
+from adapters.model.client import parse_completion
 from adapters.sqlite import store as sqlite_store
 from monitor.app.simulate.agents import dirichlet_items, draw_counts
 from monitor.app.simulate.alarm import StreamEDetector

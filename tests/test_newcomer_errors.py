@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from adapters.openai.client import OpenAIClient, shown_url
+from adapters.model.client import HttpModelClient, shown_url
 from monitor.app.cli import main
 from monitor.app.runner import start_service
 from monitor.config import load_settings
@@ -111,7 +111,7 @@ async def test_run_names_a_port_already_in_use_and_leaves_nothing_running(
 
 async def test_a_wrong_base_url_is_named_in_the_error_never_the_key(model: str) -> None:
     wrong = model.removesuffix("/v1")  # the classic mistake: the /v1 forgotten
-    client = OpenAIClient(base_url=wrong, model="m", api_key="sk-secret", max_retries=0)
+    client = HttpModelClient(base_url=wrong, model="m", api_key="sk-secret", max_retries=0)
     try:
         with pytest.raises(ModelCallError) as info:
             await client.sample({"messages": [{"role": "user", "content": "hi"}]}, 1)

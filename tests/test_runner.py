@@ -147,7 +147,7 @@ async def test_not_ready_until_every_listener_is_up(
 
     import aiohttp
 
-    from adapters.http.traffic import TrafficServer
+    from adapters.traffic.traffic import TrafficServer
     from monitor.app.runner import start_service
     from monitor.config import load_settings
     from tests.security import free_port

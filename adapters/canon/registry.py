@@ -15,11 +15,11 @@ answer without a match is :data:`~monitor.core.canon.INVALID`. Any other spec go
 every name above listed. Every failure is a :class:`~monitor.core.errors.ConfigError`.
 
 The judge must answer at temperature 0. A client that sets its own sampling parameters
-must be built that way, e.g. for ``adapters.openai.client.OpenAIClient`` (which replaces
+must be built that way, e.g. for ``adapters.model.client.HttpModelClient`` (which replaces
 the request's ``model``, ``temperature`` and ``max_tokens`` with its own)::
 
     def judge_factory(*, endpoint: str, model: str | None, **options: Any) -> ModelClient:
-        return OpenAIClient(base_url=endpoint, model=model or "judge", temperature=0.0,
+        return HttpModelClient(base_url=endpoint, model=model or "judge", temperature=0.0,
                             max_tokens=64, **options)
 """
 

@@ -1,6 +1,6 @@
 """A pool of persistent keep-alive connections to one HTTP/1.1 server, each a raw
 :class:`asyncio.Protocol` whose responses httptools parses: the proxy's client side
-(:mod:`adapters.http.exchange`) and the model client's (:mod:`adapters.openai.transport`).
+(:mod:`adapters.traffic.exchange`) and the model client's (:mod:`adapters.model.transport`).
 
 :meth:`UpstreamPool.acquire` hands out an idle connection (the most recently used
 first), opens a new one within the connect timeout, or, with ``max_connections`` in use,
@@ -33,7 +33,7 @@ __all__ = ["Exchange", "UpstreamConnection", "UpstreamPool"]
 
 class Exchange:
     """What an upstream connection reports to the request it carries (the proxy's
-    :class:`~adapters.http.exchange.ProxyExchange` overrides each method). A base class,
+    :class:`~adapters.traffic.exchange.ProxyExchange` overrides each method). A base class,
     not a Protocol: compiled (setup.py), a call through it is a direct call."""
 
     __slots__ = ()

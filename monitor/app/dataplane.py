@@ -1,8 +1,8 @@
 """The traffic data plane's own process (``traffic.data_plane: process``, see
-:mod:`adapters.http.dataplane`): ``python -m monitor.app.dataplane --uvloop|--asyncio
+:mod:`adapters.traffic.dataplane`): ``python -m monitor.app.dataplane --uvloop|--asyncio
 CONTROL_FD LISTEN_FD``, started by ``relmon run``, never by hand.
 
-It builds the :class:`~adapters.http.traffic.TrafficServer` from the same settings the
+It builds the :class:`~adapters.traffic.traffic.TrafficServer` from the same settings the
 main process has (sent over the control socket): the same listener limits and upstream,
 and the same fast path (a request hash-sampled by no task is skipped and counted here);
 every other event request goes to the main process unparsed.
@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 import uvloop
 
-from adapters.http.dataplane import API_KEY, DataPlaneProcess, Relay, serve_child
-from adapters.http.intake import HeaderView, Intake
-from adapters.http.proxy_metrics import ProxyMetrics
-from adapters.http.traffic import LISTEN_BACKLOG, TrafficServer
+from adapters.traffic.dataplane import API_KEY, DataPlaneProcess, Relay, serve_child
+from adapters.traffic.intake import HeaderView, Intake
+from adapters.traffic.proxy_metrics import ProxyMetrics
+from adapters.traffic.traffic import LISTEN_BACKLOG, TrafficServer
 from monitor.app.logs import configure_logging
 from monitor.config import Settings
 from monitor.core.apis.base import WireApi
@@ -71,7 +71,7 @@ def build(settings: object, listening: socket.socket, relay: Relay) -> TrafficSe
 
 
 def listener_options(settings: Settings) -> dict[str, Any]:
-    """The :class:`~adapters.http.traffic.TrafficServer` keywords ``traffic.*`` sets,
+    """The :class:`~adapters.traffic.traffic.TrafficServer` keywords ``traffic.*`` sets,
     the same in one process or two."""
     traffic = settings.traffic
     return {

@@ -8,7 +8,7 @@ import asyncio
 import socket
 from collections.abc import Iterator
 
-from adapters.openai.client import OpenAIClient, shown_url
+from adapters.model.client import HttpModelClient, shown_url
 from adapters.postgres.store import diagnose
 from monitor.config import Settings
 from monitor.config.messages import task_label
@@ -59,7 +59,7 @@ async def _probe(index: int, settings: Settings) -> str:
     task = settings.tasks[index]
     where = f"{task_label(index, task.name)}.endpoint"
     model = task.endpoint.model or task.match.model or ""
-    client = OpenAIClient(
+    client = HttpModelClient(
         base_url=task.endpoint.base_url,
         model=model,
         api_key=task.endpoint.resolved_api_key(),

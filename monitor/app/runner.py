@@ -23,15 +23,15 @@ from typing import Any
 import structlog
 from prometheus_client import CollectorRegistry, generate_latest
 
-from adapters.http.dataplane import DataPlaneProcess
 from adapters.http.metrics import MetricsServer
-from adapters.http.proxy_metrics import ProxyMetrics
-from adapters.http.review import ReviewServer
-from adapters.http.review_page import ReviewPage
-from adapters.http.traffic import TrafficServer
 from adapters.kafka.clients import client_options, connection_problem, group_options
 from adapters.kafka.source import KafkaEventSource
 from adapters.kafka.verdicts import KafkaVerdictConsumer
+from adapters.review.review import ReviewServer
+from adapters.review.review_page import ReviewPage
+from adapters.traffic.dataplane import DataPlaneProcess
+from adapters.traffic.proxy_metrics import ProxyMetrics
+from adapters.traffic.traffic import TrafficServer
 from monitor.app import dataplane
 from monitor.app.supervision import supervise
 from monitor.app.validation import validate_settings

@@ -21,16 +21,16 @@ import structlog
 from prometheus_client import CollectorRegistry
 
 from adapters.canon.registry import get_async_canonicalizer
-from adapters.http.review_auth import ReviewAuth
 from adapters.kafka.review import (
     KafkaCalibrationStore,
     KafkaReviewQueue,
     durable_producer,
     start_producer,
 )
-from adapters.openai.client import OUTCOMES, OpenAIClient
+from adapters.model.client import OUTCOMES, HttpModelClient
 from adapters.otel.exporter import OtelExporter
 from adapters.postgres.store import PostgresStore
+from adapters.review.review_auth import ReviewAuth
 from adapters.sqlite.store import SqliteStore
 from monitor.config import Settings, TaskSettings
 from monitor.config.endpoint import EndpointSettings
@@ -100,10 +100,10 @@ def query_hash_key(settings: Settings) -> bytes:
     return key
 
 
-def _judge_client(*, endpoint: str, model: str, **options: Any) -> OpenAIClient:
+def _judge_client(*, endpoint: str, model: str, **options: Any) -> HttpModelClient:
     """The ``llm`` canonicalizer's judge: deterministic, temperature 0 (paper §3.3)."""
     options.setdefault("max_tokens", 32)
-    return OpenAIClient(base_url=endpoint, model=model, temperature=0.0, **options)
+    return HttpModelClient(base_url=endpoint, model=model, temperature=0.0, **options)
 
 
 def build_task(task: TaskSettings, metrics: Metrics) -> TaskRuntime:
@@ -149,7 +149,7 @@ def build_task(task: TaskSettings, metrics: Metrics) -> TaskRuntime:
     return runtime
 
 
-def build_judge(judge: JudgeSettings) -> OpenAIClient:
+def build_judge(judge: JudgeSettings) -> HttpModelClient:
     """The judge of ``tasks[].judge``: temperature 0, a short reply (its first word)."""
     assert judge.endpoint.model is not None  # JudgeSettings requires it
     return endpoint_client(
@@ -157,9 +157,9 @@ def build_judge(judge: JudgeSettings) -> OpenAIClient:
     )
 
 
-def endpoint_client(endpoint: EndpointSettings, model: str, **options: Any) -> OpenAIClient:
+def endpoint_client(endpoint: EndpointSettings, model: str, **options: Any) -> HttpModelClient:
     """A client of ``endpoint`` with its key, timeouts, limits, retries and breaker."""
-    return OpenAIClient(
+    return HttpModelClient(
         base_url=endpoint.base_url,
         model=model,
         api_key=endpoint.resolved_api_key(),

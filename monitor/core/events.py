@@ -129,7 +129,7 @@ def _response_text(api: WireApi | None, response: Any) -> str | None:
             content = response["choices"][0]["message"]
         except (KeyError, IndexError, TypeError):
             raise _reject("'response' has no choices[0].message.content") from None
-        if not isinstance(content, dict):
+        if not isinstance(content, dict) or "content" not in content:
             raise _reject("'response' has no choices[0].message.content")
     text = served_answer(api, response)
     chat = api is not None and api.name == DEFAULT_API and isinstance(response, dict)
@@ -170,8 +170,8 @@ def parse_event(
     ):
         raise _reject(f"'path' must be a text of at most {MAX_PATH_CHARS} characters")
     request = obj.get("request")
-    model = obj.get("model")
-    if model is None and isinstance(request, dict):
+    model = obj.get("model")  # when present, even null: it is the model (and refused)
+    if "model" not in obj and isinstance(request, dict):
         model = _request_model(api, request, path)
     item_id, request, model, task, ts = _checked(
         obj.get("id"), request, model, obj.get("task"), obj.get("ts"), api=api

@@ -5,7 +5,7 @@ them, and the composition root (:mod:`monitor.app.runner`) is the one place that
 an implementation. Fakes for tests live in :mod:`monitor.testing`.
 
 - :class:`Clock`: wall and monotonic time;
-- :class:`ModelClient`: asks the model again (``adapters.openai``);
+- :class:`ModelClient`: asks the model again (``adapters.model``);
 - :class:`ReviewQueue`: where review items go (``adapters.sqlite``, ``adapters.kafka``);
 - :class:`CalibrationStore`: review items and scored verdicts, durable (the same two);
 - :class:`Source`: a long-running source of events or verdicts, supervised by the app

@@ -19,7 +19,7 @@ import openai
 import pytest
 from google.genai import types as gtypes
 
-from adapters.http.messages import answer_text
+from adapters.traffic.messages import answer_text
 from monitor.core.apis.registry import get_api
 from monitor.core.apis.sse import sse_payloads
 from monitor.core.review import ReviewItem

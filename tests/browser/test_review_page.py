@@ -51,9 +51,9 @@ from PIL import Image
 from playwright.sync_api import Browser, Page, Request, sync_playwright
 from prometheus_client.parser import text_string_to_metric_families
 
-from adapters.http.review import ReviewServer
-from adapters.http.review_auth import ReviewAuth
-from adapters.http.review_page import ReviewPage
+from adapters.review.review import ReviewServer
+from adapters.review.review_auth import ReviewAuth
+from adapters.review.review_page import ReviewPage
 from adapters.sqlite.store import SqliteStore
 from monitor.app.demo import MODEL, TASK
 from monitor.core.review import ReviewItem

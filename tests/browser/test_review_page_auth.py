@@ -13,7 +13,7 @@ from pathlib import Path
 
 from playwright.sync_api import Browser
 
-from adapters.http.review_auth import ReviewAuth
+from adapters.review.review_auth import ReviewAuth
 from tests.browser.test_review_page import browser, http_get, new_tab, page_server, sign_in
 from tests.http.test_review_api import item
 

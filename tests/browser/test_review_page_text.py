@@ -86,8 +86,10 @@ def test_user_and_model_text_is_isolated_and_reask_changes_are_shown(
         answers = {a["rank"]: a for a in shown["answers"]}
         for rank, (answer, _) in enumerate(HOSTILE.candidates, start=1):
             assert answers[str(rank)] == {"rank": str(rank), "isolated": True, "text": answer}
-        assert shown["meta"] == ["qa", HOSTILE.model, HOSTILE.item_id]
-        assert shown["metaText"] == f"Task qa · model {HOSTILE.model} · item {HOSTILE.item_id}"
+        assert shown["meta"] == ["qa", HOSTILE.model, "openai.chat", HOSTILE.item_id]
+        assert shown["metaText"] == (
+            f"Task qa · model {HOSTILE.model} · API openai.chat · item {HOSTILE.item_id}"
+        )
         assert shown["lefts"] == sorted(shown["lefts"]), shown["lefts"]
         assert shown["who"] == [REVIEWER]
         assert HOSTILE.model in shown["progress"]

@@ -129,6 +129,7 @@ def test_rates_use_rate_interval_and_every_series_is_filtered_by_the_variables()
             assert labels.startswith("{" + deployment), (title, name)
             if name in {
                 "relmon_traffic_events_total",
+                "relmon_traffic_requests_total",
                 "relmon_budget_utilization",
                 "relmon_items_waiting",
                 "relmon_kafka_consumer_lag",

@@ -15,7 +15,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from adapters.openai.client import OUTCOMES
+from adapters.model.client import OUTCOMES
 from monitor.engine.metrics import (
     ITEM_OUTCOMES,
     REJECTED_VERDICT_REASONS,

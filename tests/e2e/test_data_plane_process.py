@@ -1,5 +1,5 @@
 """``traffic.data_plane: process``: the mirror's or proxy's listener in a process of its
-own (adapters/http/dataplane.py), against a real child process.
+own (adapters/traffic/dataplane.py), against a real child process.
 
 The properties: it decides and counts every request exactly as the one-process data
 plane does (same random request sequences, both ways); a scrape counts every request
@@ -23,7 +23,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from adapters.http.dataplane import DataPlaneProcess
+from adapters.traffic.dataplane import DataPlaneProcess
 from monitor.app.demo.model import QuestionBank, SimulatedModel
 from monitor.app.runner import Running, start_service
 from monitor.config import load_settings

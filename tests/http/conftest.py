@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from adapters.http import exchange
-from adapters.http.traffic import TrafficServer, header_task_resolver
+from adapters.traffic import exchange
+from adapters.traffic.traffic import TrafficServer, header_task_resolver
 from monitor.core.events import TrafficEvent
 from monitor.engine.ports import Admission
 

@@ -35,6 +35,8 @@ class RawUpstream:
     closed_connections: set[int] = field(default_factory=set)
     sse_step: asyncio.Queue[None] = field(default_factory=asyncio.Queue)
     sse_sent: int = 0
+    sse_script: dict[str, list[bytes]] = field(default_factory=dict)
+    """Paths answered with these SSE events (one per step), as ``/sse`` is with three."""
     _server: asyncio.Server | None = None
     _ids: itertools.count[int] = field(default_factory=itertools.count)
 
@@ -76,7 +78,9 @@ class RawUpstream:
         """Write the answer for ``req``; False to close the connection after it."""
         path = req.target.split("?", 1)[0]
         if path == "/sse":
-            return await self._sse(writer)
+            return await self._sse(writer, [f"data: event {i}\n\n".encode() for i in range(3)])
+        if path in self.sse_script:
+            return await self._sse(writer, self.sse_script[path])
         if path == "/forever":
             writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nfirst\r\n")
             await writer.drain()
@@ -100,12 +104,11 @@ class RawUpstream:
         await writer.drain()
         return True
 
-    async def _sse(self, writer: asyncio.StreamWriter) -> bool:
+    async def _sse(self, writer: asyncio.StreamWriter, events: list[bytes]) -> bool:
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n")
         writer.write(b"Transfer-Encoding: chunked\r\n\r\n")
-        for i in range(3):
+        for event in events:
             await asyncio.wait_for(self.sse_step.get(), 30)  # the test paces the stream
-            event = f"data: event {i}\n\n".encode()
             writer.write(b"%x\r\n%b\r\n" % (len(event), event))
             await writer.drain()
             self.sse_sent += 1

@@ -1,4 +1,4 @@
-"""The traffic port's classification of a request by its head (adapters.http.intake):
+"""The traffic port's classification of a request by its head (adapters.traffic.intake):
 the same API as each API's own ``recognises`` (monitor.core.apis), for any path."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adapters.http.intake import Intake, api_of_target
+from adapters.traffic.intake import Intake, api_of_target
 from monitor.core.apis.registry import api_for_path, get_api
 from monitor.core.events import TrafficEvent
 from monitor.engine.ports import Admission

@@ -1,4 +1,4 @@
-"""The pieces of ``traffic.data_plane: process`` (adapters/http/dataplane.py) alone: the
+"""The pieces of ``traffic.data_plane: process`` (adapters/traffic/dataplane.py) alone: the
 frames, the proxy's counts carried from one process's metrics to another's, the child's
 fast path against the service's, and a child that cannot start. The whole of it, with a
 real child process, is in tests/e2e/test_data_plane_process.py."""
@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from adapters.http.dataplane import DataPlaneProcess, frame, read_frame
-from adapters.http.proxy_metrics import (
+from adapters.traffic.dataplane import DataPlaneProcess, frame, read_frame
+from adapters.traffic.proxy_metrics import (
     ADDED_LATENCY_BUCKETS,
     FAILURE_REASONS,
     ProxyMetrics,
@@ -182,7 +182,7 @@ async def test_a_child_that_says_why_it_cannot_start() -> None:
     """The child's own reason reaches the error (here: the config frame is not one)."""
     child = (
         "import asyncio, sys\n"
-        "from adapters.http.dataplane import serve_child\n"
+        "from adapters.traffic.dataplane import serve_child\n"
         "def build(config, sock, relay):\n"
         "    raise ValueError('no such upstream')\n"
         "sys.exit(asyncio.run(serve_child(int(sys.argv[1]), int(sys.argv[2]), build)))\n"

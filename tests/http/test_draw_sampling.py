@@ -1,5 +1,5 @@
 """A request without ``X-Request-Id`` is sampled by a uniform draw, not by the hash of
-an id relmon makes up (adapters/http/intake.py, monitor/core/sampler.py): the traffic
+an id relmon makes up (adapters/traffic/intake.py, monitor/core/sampler.py): the traffic
 port and the service decide it the same way, each task gets its rate, and only the
 sampled requests get an id."""
 
@@ -18,8 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from adapters.http import intake as intake_module
-from adapters.http.intake import MAX_REQUEST_ID, HeaderView, Intake, event_key
+from adapters.traffic import intake as intake_module
+from adapters.traffic.intake import MAX_REQUEST_ID, HeaderView, Intake, event_key
 from monitor.config import TaskSettings
 from monitor.core.apis.registry import get_api
 from monitor.core.events import TrafficEvent

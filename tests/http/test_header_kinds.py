@@ -7,9 +7,9 @@ import httptools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adapters.http.intake import HeaderView
-from adapters.http.proxy import is_chat_completions_path, is_chat_target, target_path
-from adapters.http.request import Body, HeaderKinds, Request, decimal
+from adapters.traffic.intake import HeaderView
+from adapters.traffic.proxy import is_chat_completions_path, is_chat_target, target_path
+from adapters.traffic.request import Body, HeaderKinds, Request, decimal
 
 
 def test_a_name_is_classified_whatever_its_case_and_unknown_names_are_kind_0() -> None:

@@ -21,7 +21,7 @@ import aiohttp
 import pytest
 from yarl import URL
 
-from adapters.http.traffic import (
+from adapters.traffic.traffic import (
     LISTEN_BACKLOG,
     TrafficServer,
     header_task_resolver,

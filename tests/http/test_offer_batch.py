@@ -1,5 +1,5 @@
 """The requests that may be sampled wait for the next ones and are parsed and offered
-together (``traffic.offer_batch_s``, adapters/http/intake.py): none is lost or offered
+together (``traffic.offer_batch_s``, adapters/traffic/intake.py): none is lost or offered
 twice, they keep their order, a batch never waits longer than its bound, and a flush
 (a scrape, a stop, a process data plane's sync) offers the waiting ones at once."""
 
@@ -13,14 +13,14 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from adapters.http.intake import (
+from adapters.traffic.intake import (
     MAX_PENDING_BYTES,
     MAX_PENDING_OFFERS,
     OFFERS_PER_TURN,
     HeaderView,
     Intake,
 )
-from adapters.http.traffic import TrafficServer
+from adapters.traffic.traffic import TrafficServer
 from monitor.config.schema import TrafficSettings
 from monitor.core.events import TrafficEvent
 from monitor.engine.ports import Admission

@@ -30,13 +30,13 @@ def test_the_data_plane_tests_pass_on_plain_python(tmp_path: Path) -> None:
         shutil.copytree(ROOT / top, tmp_path / top, ignore=skip)
     shutil.copy(ROOT / "pyproject.toml", tmp_path)
     where = subprocess.run(
-        [sys.executable, "-c", "import adapters.http.wire as w, monitor.core.sampler as s;"
+        [sys.executable, "-c", "import adapters.traffic.wire as w, monitor.core.sampler as s;"
          "print(w.__file__, s.__file__)"],
         cwd=tmp_path, capture_output=True, text=True, timeout=60, check=True,
     )  # fmt: skip
     loaded = where.stdout.split()
     assert loaded == [
-        str(tmp_path / "adapters/http/wire.py"),
+        str(tmp_path / "adapters/traffic/wire.py"),
         str(tmp_path / "monitor/core/sampler.py"),
     ]
     run = subprocess.run(
@@ -52,7 +52,7 @@ def test_the_modules_setup_py_compiles_are_compiled_all_or_none() -> None:
     """After ``make compile`` every module of setup.py's list loads compiled (a module
     left out of the build would silently run as Python); before it, none does."""
     listed = re.findall(r'"((?:monitor|adapters)/[\w/]+)\.py"', (ROOT / "setup.py").read_text())
-    assert "adapters/http/wire" in listed and len(listed) >= 5
+    assert "adapters/traffic/wire" in listed and len(listed) >= 5
     compiled = {
         name: not importlib.import_module(name.replace("/", ".")).__file__.endswith(".py")
         for name in listed

@@ -18,8 +18,8 @@ import pytest
 import uvloop
 from prometheus_client import CollectorRegistry
 
-from adapters.http.proxy_metrics import ProxyMetrics
-from adapters.http.traffic import TrafficServer, header_task_resolver
+from adapters.traffic.proxy_metrics import ProxyMetrics
+from adapters.traffic.traffic import TrafficServer, header_task_resolver
 from tests.waiting import wait_until
 
 from .conftest import Recorder, StartTraffic

@@ -386,7 +386,7 @@ async def test_a_different_verdict_for_a_reviewed_item_answers_the_stored_score(
 ) -> None:
     """The HTTP review API: the first verdict wins, and a second, different one answers
     409 with the stored verdict and its score, not its own; the same one ``duplicate``."""
-    from adapters.http.review import ReviewServer
+    from adapters.review.review import ReviewServer
 
     clock = ManualClock(T0 + 100.0)
     store = SqliteStore(tmp_path / "relmon.sqlite3", clock=clock)

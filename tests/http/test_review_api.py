@@ -15,8 +15,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from adapters.http.review import ReviewServer
-from adapters.http.review_page import ReviewPage
+from adapters.review.review import ReviewServer
+from adapters.review.review_page import ReviewPage
 from adapters.sqlite.store import SqliteStore
 from monitor.core.errors import ConfigError
 from monitor.core.review import ReviewItem, Verdict, verdict_score

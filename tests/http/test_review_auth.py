@@ -16,9 +16,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from adapters.http.review import ReviewServer
-from adapters.http.review_auth import ReviewAuth
-from adapters.http.review_page import ReviewPage
+from adapters.review.review import ReviewServer
+from adapters.review.review_auth import ReviewAuth
+from adapters.review.review_page import ReviewPage
 from adapters.sqlite.store import SqliteStore
 from monitor.app.cli import main
 from monitor.app.wiring import build_review_auth

@@ -13,8 +13,8 @@ import aiohttp
 import pytest
 from pydantic import ValidationError
 
-from adapters.http.review import ReviewServer
-from adapters.http.review_page import ReviewPage
+from adapters.review.review import ReviewServer
+from adapters.review.review_page import ReviewPage
 from adapters.sqlite.store import SqliteStore
 from monitor.config import TaskSettings
 from monitor.core.errors import InputError, TooLargeError

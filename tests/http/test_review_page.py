@@ -16,8 +16,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from adapters.http.review import ReviewServer
-from adapters.http.review_page import ReviewPage
+from adapters.review.review import ReviewServer
+from adapters.review.review_page import ReviewPage
 from adapters.sqlite.store import SqliteStore
 from monitor.core.review import TaskProgress, Verdict, minimum_calibration_items
 from monitor.testing import ManualClock

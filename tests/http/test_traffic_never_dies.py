@@ -14,8 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from adapters.http import exchange as data_plane
-from adapters.http import intake, messages
+from adapters.traffic import exchange as data_plane
+from adapters.traffic import intake, messages
 from tests.waiting import wait_until
 
 from .conftest import COMPILED, COMPLETION_BYTES, Recorder, StartTraffic, Upstream

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from adapters.openai.transport import _Call
+from adapters.model.transport import _Call
 from adapters.upstream.pool import UpstreamConnection, UpstreamPool
 
 

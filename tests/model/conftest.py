@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from adapters.openai.client import OpenAIClient
+from adapters.model.client import HttpModelClient
 from tests.model.llama_server import LlamaServer
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -215,9 +215,9 @@ class ClientFactory:
     endpoint: Endpoint
     sleep: FakeSleep
     outcomes: list[str] = field(default_factory=list)
-    clients: list[OpenAIClient] = field(default_factory=list)
+    clients: list[HttpModelClient] = field(default_factory=list)
 
-    def __call__(self, **options: Any) -> OpenAIClient:
+    def __call__(self, **options: Any) -> HttpModelClient:
         settings: dict[str, Any] = {
             "base_url": self.endpoint.base_url,
             "model": "test-model",
@@ -229,7 +229,7 @@ class ClientFactory:
             "on_outcome": self.outcomes.append,
         }
         settings.update(options)
-        client = OpenAIClient(**settings)
+        client = HttpModelClient(**settings)
         self.clients.append(client)
         return client
 

@@ -14,7 +14,7 @@ a run that sends the same requests in the same order gets the same answers.
 Usage::
 
     with llama_server(log_dir=tmp_path) as server:
-        client = OpenAIClient(base_url=server.base_url, model=server.model, ...)
+        client = HttpModelClient(base_url=server.base_url, model=server.model, ...)
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from adapters.http.metrics import MetricsServer
-from adapters.openai.client import OpenAIClient
+from adapters.model.client import HttpModelClient
 from monitor.app.runner import Running
 from monitor.app.wiring import build_task
 from monitor.config import BudgetSettings, TaskSettings, load_settings
@@ -50,9 +50,11 @@ def failing_until(healthy: asyncio.Event) -> Any:
     return handle
 
 
-def breaker_client(endpoint: Endpoint, threshold: int, *, supports_n: bool = False) -> OpenAIClient:
+def breaker_client(
+    endpoint: Endpoint, threshold: int, *, supports_n: bool = False
+) -> HttpModelClient:
     """No retries (each failure counts at once), a short cool-down."""
-    return OpenAIClient(
+    return HttpModelClient(
         base_url=endpoint.base_url,
         model="m",
         retries={"error": 0},
@@ -230,7 +232,7 @@ async def test_items_are_scored_again_and_health_is_honest(endpoint: Endpoint) -
 
 def configured_client(
     endpoint: Endpoint, tmp_path: Path, failures: int, cooldown_s: float
-) -> tuple[OpenAIClient, CollectorRegistry]:
+) -> tuple[HttpModelClient, CollectorRegistry]:
     """The client ``relmon run`` builds from a relmon.yaml with this circuit breaker (no
     retries, so that every failed call counts at once)."""
     path = tmp_path / "relmon.yaml"
@@ -247,7 +249,7 @@ def configured_client(
     path.write_text(yaml.safe_dump({"tasks": [task]}))
     registry = CollectorRegistry()
     runtime = build_task(load_settings(path).tasks[0], Metrics(registry))
-    assert isinstance(runtime.client, OpenAIClient)
+    assert isinstance(runtime.client, HttpModelClient)
     return runtime.client, registry
 
 

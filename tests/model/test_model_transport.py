@@ -1,4 +1,4 @@
-"""The model client's own HTTP/1.1 transport (adapters/openai/transport.py) against a raw
+"""The model client's own HTTP/1.1 transport (adapters/model/transport.py) against a raw
 TCP server on 127.0.0.1 that writes exactly the bytes each test gives it: connection
 reuse, an idle connection the server closed, compressed bodies, size limits, framing,
 what is sent. The pool it shares with the proxy (adapters/upstream/pool.py) is checked
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from adapters.openai.client import OpenAIClient
+from adapters.model.client import HttpModelClient
 from adapters.upstream.pool import UpstreamPool
 from monitor.core.errors import ConfigError, ModelCallError
 from tests.kafka.tls import make_pki
@@ -90,10 +90,10 @@ async def raw_server(
         server.close()
 
 
-def client(port: int, **options: object) -> tuple[OpenAIClient, list[str]]:
+def client(port: int, **options: object) -> tuple[HttpModelClient, list[str]]:
     outcomes: list[str] = []
     options.setdefault("timeout_s", 5.0)
-    made = OpenAIClient(
+    made = HttpModelClient(
         base_url=f"http://127.0.0.1:{port}/v1",
         model="m",
         on_outcome=outcomes.append,
@@ -158,7 +158,7 @@ async def test_what_is_sent() -> None:
 
 async def test_user_info_in_the_url_is_sent_as_basic_credentials_and_never_shown() -> None:
     async with raw_server(lambda n, req: http(b"{}", status="500 Oops")) as server:
-        model = OpenAIClient(
+        model = HttpModelClient(
             base_url=f"http://ann:p%40ss@127.0.0.1:{server.port}/v1",
             model="m",
             max_retries=0,
@@ -226,7 +226,7 @@ async def test_an_error_status_with_a_long_body_keeps_its_status() -> None:
         async def sleep(s: float) -> None:
             waits.append(s)
 
-        model = OpenAIClient(
+        model = HttpModelClient(
             base_url=f"http://127.0.0.1:{server.port}/v1",
             model="m",
             max_response_bytes=65_536,
@@ -269,7 +269,7 @@ async def test_a_connection_handed_to_a_cancelled_waiter_goes_back_to_the_pool()
 
 async def test_a_path_outside_ascii_is_percent_encoded() -> None:
     async with raw_server(lambda n, req: http(ANSWER)) as server:
-        model = OpenAIClient(base_url=f"http://127.0.0.1:{server.port}/é v1", model="m")
+        model = HttpModelClient(base_url=f"http://127.0.0.1:{server.port}/é v1", model="m")
         assert await model.sample({"messages": [{"role": "user", "content": "q"}]}, 1)
         await model.aclose()
     assert server.requests[0].startswith(b"POST /%C3%A9%20v1/chat/completions HTTP/1.1\r\n")
@@ -278,7 +278,7 @@ async def test_a_path_outside_ascii_is_percent_encoded() -> None:
 @pytest.mark.parametrize("key", ["sk-é", "sk-\r\nX-Injected: 1"])
 def test_a_key_that_cannot_be_a_header_is_a_config_error(key: str) -> None:
     with pytest.raises(ConfigError, match="printable ASCII"):
-        OpenAIClient(base_url="http://127.0.0.1:1/v1", model="m", api_key=key)
+        HttpModelClient(base_url="http://127.0.0.1:1/v1", model="m", api_key=key)
 
 
 @pytest.mark.parametrize("trusted", [True, False])
@@ -295,7 +295,7 @@ async def test_https_checks_the_servers_certificate(
     monkeypatch.setenv("SSL_CERT_FILE", str(pki.ca if trusted else pki.other_ca))
     try:
         outcomes: list[str] = []
-        model = OpenAIClient(
+        model = HttpModelClient(
             base_url=f"https://127.0.0.1:{port}/v1", model="m", max_retries=0,
             on_outcome=outcomes.append,
         )  # fmt: skip
@@ -340,7 +340,7 @@ def test_a_client_used_on_a_second_event_loop_opens_new_connections() -> None:
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        model = OpenAIClient(
+        model = HttpModelClient(
             base_url=f"http://127.0.0.1:{server.server_address[1]}/v1", model="m", max_retries=0
         )
         request = {"messages": [{"role": "user", "content": "q"}]}

@@ -1,4 +1,4 @@
-"""OpenAIClient against real aiohttp servers on 127.0.0.1 (scripted per test)."""
+"""HttpModelClient against real aiohttp servers on 127.0.0.1 (scripted per test)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from email.utils import format_datetime
 import pytest
 from aiohttp import web
 
-from adapters.openai.client import (
+from adapters.model.client import (
     FORWARDED_FIELDS,
     OUTCOMES,
-    OpenAIClient,
+    HttpModelClient,
     build_body,
     parse_completion,
     parse_retry_after,
@@ -370,7 +370,7 @@ async def test_bad_requests_never_reach_the_network(
 # --- circuit breaker ---------------------------------------------------------------
 
 
-def _state(client: OpenAIClient) -> str:
+def _state(client: HttpModelClient) -> str:
     return client.circuit_state
 
 
@@ -482,7 +482,7 @@ async def test_aclose_is_idempotent_and_final(
     with pytest.raises(ModelCallError, match="closed") as info:
         await client.sample(REQUEST, 1)
     assert info.value.retriable is False
-    async with OpenAIClient(base_url=endpoint.base_url, model="m") as other:
+    async with HttpModelClient(base_url=endpoint.base_url, model="m") as other:
         assert await other.sample(REQUEST, 1) == ["answer 0"]
 
 
@@ -504,7 +504,7 @@ def test_bad_settings_are_config_errors(options: dict[str, object]) -> None:
     settings: dict[str, object] = {"base_url": "http://127.0.0.1:1/v1", "model": "m"}
     settings.update(options)
     with pytest.raises(ConfigError):
-        OpenAIClient(**settings)  # type: ignore[arg-type]
+        HttpModelClient(**settings)  # type: ignore[arg-type]
 
 
 # --- pure helpers ------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""A real LLM end to end: SmolLM2-135M on llama.cpp, OpenAIClient, sequential stopping.
+"""A real LLM end to end: SmolLM2-135M on llama.cpp, HttpModelClient, sequential stopping.
 
 One server per module (``llm_server``; its log is attached to failed tests' reports).
 The prompts ask a 135M model for small sums in the form ``"a + b = c"``, which the
@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from adapters.openai.client import OpenAIClient
+from adapters.model.client import HttpModelClient
 from monitor.app.wiring import build_judge
 from monitor.config.judge import JudgeSettings
 from monitor.core.canon.base import INVALID
@@ -55,7 +55,7 @@ def llm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer
         yield server
 
 
-def make_client(server: LlamaServer, outcomes: list[str], **options: Any) -> OpenAIClient:
+def make_client(server: LlamaServer, outcomes: list[str], **options: Any) -> HttpModelClient:
     settings: dict[str, Any] = {
         "base_url": server.base_url,
         "model": server.model,
@@ -67,7 +67,7 @@ def make_client(server: LlamaServer, outcomes: list[str], **options: Any) -> Ope
         "on_outcome": outcomes.append,
     }
     settings.update(options)
-    return OpenAIClient(**settings)
+    return HttpModelClient(**settings)
 
 
 async def test_single_completions_and_latency(llm_server: LlamaServer) -> None:

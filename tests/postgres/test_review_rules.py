@@ -15,9 +15,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from adapters.http.review import ReviewServer
-from adapters.http.review_auth import ReviewAuth
-from adapters.http.review_page import ReviewPage
+from adapters.review.review import ReviewServer
+from adapters.review.review_auth import ReviewAuth
+from adapters.review.review_page import ReviewPage
 from monitor.core.errors import LimitError
 from monitor.core.review import Verdict
 from monitor.testing import ManualClock

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adapters.http.messages import json_response_text
+from adapters.traffic.messages import json_response_text
 from monitor.core.errors import InputError
 from monitor.core.events import TrafficEvent, event_from_request, parse_event
 

@@ -14,8 +14,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from adapters.http.messages import decoded as _decoded
-from adapters.http.traffic import TrafficServer
+from adapters.traffic.messages import decoded as _decoded
+from adapters.traffic.traffic import TrafficServer
 from monitor.core.events import TrafficEvent
 from monitor.engine.ports import Admission
 from tests.waiting import wait_until

@@ -19,7 +19,7 @@ is held whole. A client leaving mid-answer ends the upstream connection (it neve
 back to the pool). Only after the answer completed is a ``POST`` of a wire API relmon
 reads (``…/chat/completions``, ``…/responses``, ``…/v1/messages``, ``…:generateContent``,
 ``…/completions``, a ``generic`` task's path prefix: :meth:`Intake.classify`) with a 2xx
-answer sampled (:class:`~adapters.http.intake.Intake`); nothing it does can
+answer sampled (:class:`~adapters.traffic.intake.Intake`); nothing it does can
 reach the client. Bodies over ``max_body_bytes`` are forwarded all the same but not
 sampled (counted ``"oversize"`` or ``"oversize response"``).
 """
@@ -30,10 +30,10 @@ from collections.abc import Awaitable
 
 import structlog
 
-from adapters.http.exchange import ExchangeGuard, Forwarding, ProxyExchange
-from adapters.http.intake import HeaderView, Intake, event_key
-from adapters.http.request import Request, read_prefix
-from adapters.http.wire import ServerConnection, error_response
+from adapters.traffic.exchange import ExchangeGuard, Forwarding, ProxyExchange
+from adapters.traffic.intake import HeaderView, Intake, event_key
+from adapters.traffic.request import Request, read_prefix
+from adapters.traffic.wire import ServerConnection, error_response
 from monitor.core.failures import internal_error, raised_at
 
 __all__ = [
@@ -46,7 +46,7 @@ __all__ = [
 ]
 
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-_log = structlog.get_logger("adapters.http.traffic")
+_log = structlog.get_logger("adapters.traffic.traffic")
 
 
 def is_chat_completions_path(path: str) -> bool:
@@ -116,7 +116,7 @@ class Proxy:
         self.intake = intake
 
     def fast(self, req: Request, client: ServerConnection) -> bool:
-        """The fast path (:data:`~adapters.http.wire.FastHandler`): a request whose whole
+        """The fast path (:data:`~adapters.traffic.wire.FastHandler`): a request whose whole
         body is here (within ``max_body_bytes``, no ``Expect``) goes out at once on an idle
         pooled connection, and the answer's callbacks finish it (:meth:`_fast_end`): no
         task, no future. False, for :meth:`handle`, when no connection is idle."""

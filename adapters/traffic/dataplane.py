@@ -46,8 +46,8 @@ from typing import Any, Final
 
 import structlog
 
-from adapters.http.intake import HeaderView
-from adapters.http.proxy_metrics import ProxyMetrics
+from adapters.traffic.intake import HeaderView
+from adapters.traffic.proxy_metrics import ProxyMetrics
 from monitor.core.errors import ConfigError, StateError
 
 __all__ = [
@@ -60,7 +60,7 @@ __all__ = [
     "serve_child",
 ]
 
-_log = structlog.get_logger("adapters.http.traffic")
+_log = structlog.get_logger("adapters.traffic.traffic")
 _LENGTH = struct.Struct(">I")
 
 COUNTS_EVERY_S = 0.1

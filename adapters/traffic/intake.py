@@ -36,7 +36,7 @@ from typing import Any, Final
 import msgspec
 import structlog
 
-from adapters.http import messages
+from adapters.traffic import messages
 from monitor.core.apis.base import WireApi
 from monitor.core.apis.registry import GENERIC, api_for_path, carried_headers, get_api
 from monitor.core.errors import InputError

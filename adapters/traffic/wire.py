@@ -8,8 +8,8 @@ request whose body came whole with its head is first offered to the handler's fa
 (:data:`FastHandler`), which may carry it from protocol callbacks alone, with no task
 and no future, and calls :meth:`ServerConnection.done` when it answered; any other
 request, or one the fast path declines, runs the handler coroutine in a task. A
-request's body arrives in a :class:`~adapters.http.request.Body` its handler reads
-(:mod:`adapters.http.request`). A handler that answered before the whole body
+request's body arrives in a :class:`~adapters.traffic.request.Body` its handler reads
+(:mod:`adapters.traffic.request`). A handler that answered before the whole body
 arrived (413) leaves the rest to be read and discarded. Bytes that are no HTTP/1.1 get a
 400 and the connection is closed. Writes go straight to the transport;
 :attr:`ServerConnection.on_pause` lets a proxy stop reading its upstream while the
@@ -29,7 +29,7 @@ from typing import Final, cast
 
 import httptools
 
-from adapters.http.request import Body, Request
+from adapters.traffic.request import Body, Request
 from monitor.core.errors import InputError
 
 __all__ = [

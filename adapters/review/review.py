@@ -4,7 +4,7 @@
 Every ``/api`` route needs ``Authorization: Bearer <token>`` (compared in constant time;
 401 with ``WWW-Authenticate`` otherwise; the token is never logged), or with
 ``review.auth: proxy`` a trusted auth proxy's reviewer header
-(:mod:`adapters.http.review_auth`); a reviewer so identified is recorded in every
+(:mod:`adapters.review.review_auth`); a reviewer so identified is recorded in every
 verdict in place of the self-typed ``reviewer``::
 
     GET  /api/whoami                 200 {"auth": "token"|"proxy", "reviewer": name|null}
@@ -23,10 +23,10 @@ verdict in place of the self-typed ``reviewer``::
                                      message), 413 over 64 KiB or a field over its
                                      limit (monitor.core.review, docs/review.md)
 
-``GET /openapi.json`` (no token) describes all of it (:mod:`adapters.http.openapi`).
+``GET /openapi.json`` (no token) describes all of it (:mod:`adapters.review.openapi`).
 ``score`` is the item's rank score, the string ``"inf"`` when no candidate was accepted.
 (An item whose id is literally ``next`` can be reviewed but not fetched by id.)
-With a ``page`` (:class:`adapters.http.review_page.ReviewPage`), ``GET /review`` serves
+With a ``page`` (:class:`adapters.review.review_page.ReviewPage`), ``GET /review`` serves
 the review page, ``/api/review-page/...`` its undo window and progress, and
 ``/api/reviews/next`` leases the item it returns (``?session=S&exclude=ID``), so two
 reviewers are not handed the same item at the same time.
@@ -42,9 +42,9 @@ import structlog
 from aiohttp import web
 
 from adapters.http import expect as http_expect
-from adapters.http.openapi import openapi_document
-from adapters.http.review_auth import ReviewAuth, remember_reviewer, reviewer_of, with_reviewer
-from adapters.http.review_page import ReviewPage, answer_duplicate, verdict_error
+from adapters.review.openapi import openapi_document
+from adapters.review.review_auth import ReviewAuth, remember_reviewer, reviewer_of, with_reviewer
+from adapters.review.review_page import ReviewPage, answer_duplicate, verdict_error
 from monitor.core.errors import ConfigError, InputError, RelmonError, StateError
 from monitor.core.review import (
     MAX_VERDICT_BYTES,
@@ -127,7 +127,7 @@ class ReviewServer:
         app = web.Application(
             client_max_size=self._max_body, middlewares=[self._errors, self._auth]
         )
-        if self._page is not None:  # the page, its API, leases (adapters.http.review_page)
+        if self._page is not None:  # the page, its API, leases (adapters.review.review_page)
             self._page.add_routes(app)
         app.router.add_get("/openapi.json", self._openapi_route)
         app.router.add_get("/api/whoami", self._whoami)

@@ -1,6 +1,6 @@
 """One request through the inline proxy (:class:`ProxyExchange`): the request's head as
 sent upstream (hop-by-hop headers, ``Host`` and ``Expect`` left out, framing kept), its
-body whole or streamed, the answer relayed as it comes (see :mod:`adapters.http.proxy`),
+body whole or streamed, the answer relayed as it comes (see :mod:`adapters.traffic.proxy`),
 then settled: counted, its connection back in the pool, or a failure answered 502/504
 or the client connection cut. :class:`ExchangeGuard` counts an event request once at
 most, whatever happens to it.
@@ -13,10 +13,10 @@ import time
 from collections.abc import Callable
 from typing import Final
 
-from adapters.http.intake import HeaderView, Intake
-from adapters.http.proxy_metrics import ProxyMetrics
-from adapters.http.request import HOP_BY_HOP, NOT_FORWARDED, HeaderKinds, Request, decimal
-from adapters.http.wire import ServerConnection, error_response, http_date
+from adapters.traffic.intake import HeaderView, Intake
+from adapters.traffic.proxy_metrics import ProxyMetrics
+from adapters.traffic.request import HOP_BY_HOP, NOT_FORWARDED, HeaderKinds, Request, decimal
+from adapters.traffic.wire import ServerConnection, error_response, http_date
 from adapters.upstream.pool import Exchange, UpstreamConnection, UpstreamPool
 
 __all__ = [

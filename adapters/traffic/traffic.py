@@ -29,9 +29,9 @@ from typing import Any, Literal
 import structlog
 from yarl import URL
 
-from adapters.http import wire
-from adapters.http.exchange import Forwarding
-from adapters.http.intake import (
+from adapters.traffic import wire
+from adapters.traffic.exchange import Forwarding
+from adapters.traffic.intake import (
     Intake,
     RejectCallback,
     RelayCallback,
@@ -39,11 +39,11 @@ from adapters.http.intake import (
     SkipCallback,
     TaskResolver,
 )
-from adapters.http.messages import HOP_BY_HOP_HEADERS, json_response_text, sse_response_text
-from adapters.http.mirror import Mirror
-from adapters.http.proxy import Proxy, is_chat_completions_path
-from adapters.http.proxy_metrics import ProxyMetrics
-from adapters.http.wire import FastHandler, Handler, ServerConnection
+from adapters.traffic.messages import HOP_BY_HOP_HEADERS, json_response_text, sse_response_text
+from adapters.traffic.mirror import Mirror
+from adapters.traffic.proxy import Proxy, is_chat_completions_path
+from adapters.traffic.proxy_metrics import ProxyMetrics
+from adapters.traffic.wire import FastHandler, Handler, ServerConnection
 from adapters.upstream.pool import UpstreamPool
 from monitor.core.apis.base import WireApi
 from monitor.core.errors import ConfigError, StateError

@@ -114,7 +114,8 @@
     const box = $("item");
     if (!d) { box.hidden = true; box.removeAttribute("data-item"); return; }
     const single = d.candidates.length === 1;
-    $("meta").replaceChildren("Task ", bdi(d.task), " \u00b7 model ", bdi(d.model), " \u00b7 item ", bdi(d.item_id));
+    $("meta").replaceChildren("Task ", bdi(d.task), " \u00b7 model ", bdi(d.model),
+      " \u00b7 API ", bdi(d.api || "openai.chat"), " \u00b7 item ", bdi(d.item_id));
     renderReask(d.reask_changes || {});
     $("query").textContent = d.query;
     $("hint").textContent = single

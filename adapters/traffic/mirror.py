@@ -4,7 +4,7 @@ A ``POST`` of a wire API relmon reads (``…/chat/completions``, ``…/responses
 ``…/v1/messages``, ``…:generateContent``, ``…/completions``, under any path prefix, or a
 ``generic`` task's path prefix) is answered ``202 {"status":
 "accepted"}`` as soon as the body is read; only then is the event decided and, when it
-may be sampled, parsed and offered (:class:`~adapters.http.intake.Intake`), so the live
+may be sampled, parsed and offered (:class:`~adapters.traffic.intake.Intake`), so the live
 path (nginx ``mirror``, Envoy, Istio) never waits on relmon. A malformed body still gets
 its 202 and is counted; a body over ``max_body_bytes`` is refused with 413 and counted
 as ``"oversize"`` (the rest of it is read and dropped); any other request gets 404. A
@@ -16,17 +16,17 @@ from __future__ import annotations
 
 import structlog
 
-from adapters.http.exchange import ExchangeGuard
-from adapters.http.intake import HeaderView, Intake, event_key
-from adapters.http.proxy import event_guard, expect_answered, target_path
-from adapters.http.request import Request, read_prefix
-from adapters.http.wire import ServerConnection, error_response, http_date
+from adapters.traffic.exchange import ExchangeGuard
+from adapters.traffic.intake import HeaderView, Intake, event_key
+from adapters.traffic.proxy import event_guard, expect_answered, target_path
+from adapters.traffic.request import Request, read_prefix
+from adapters.traffic.wire import ServerConnection, error_response, http_date
 from monitor.core.failures import internal_error, raised_at
 
 __all__ = ["Mirror"]
 
 _BODY = b'{"status": "accepted"}'
-_log = structlog.get_logger("adapters.http.traffic")
+_log = structlog.get_logger("adapters.traffic.traffic")
 
 
 def _accepted() -> bytes:

@@ -1,7 +1,7 @@
 """The browser review page and the API behind it, on the review server's port.
 
 Routes (everything under ``/api`` needs the review token as a bearer header, checked
-by :class:`adapters.http.review.ReviewServer`; the page and its two static files do not)::
+by :class:`adapters.review.review.ReviewServer`; the page and its two static files do not)::
 
     GET    /review, /review/review.js, /review/review.css   the page (package data);
            /review/ redirects to ../review
@@ -61,7 +61,7 @@ from typing import Literal, Protocol
 import structlog
 from aiohttp import web
 
-from adapters.http.review_auth import reviewer_of, with_reviewer
+from adapters.review.review_auth import reviewer_of, with_reviewer
 from monitor.core.errors import ConfigError, InputError, LimitError, RelmonError, TooLargeError
 from monitor.core.review import (
     MAX_VERDICT_BYTES,
@@ -246,7 +246,7 @@ class ReviewPage:
         self._flusher: asyncio.Task[None] | None = None
         self._flush_lock = asyncio.Lock()
         self._files = {
-            path: (resources.files("adapters.http").joinpath("static", name).read_bytes(), ctype)
+            path: (resources.files("adapters.review").joinpath("static", name).read_bytes(), ctype)
             for path, (name, ctype) in _STATIC.items()
         }
 

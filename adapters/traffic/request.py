@@ -12,7 +12,7 @@ from typing import Final, Protocol
 
 import httptools
 
-from adapters.http.messages import HOP_BY_HOP_HEADERS
+from adapters.traffic.messages import HOP_BY_HOP_HEADERS
 
 __all__ = [
     "HIGH_WATER",

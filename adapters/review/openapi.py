@@ -120,6 +120,7 @@ _SCHEMAS: dict[str, Any] = {
             "inclusion_probability": {"type": "number"},
             "sampled_at": {"type": "number"},
             "thresholds": {"type": "object"},
+            "api": {"type": "string", "description": "The wire API of the production call."},
         },
     },
     "Verdict": {
@@ -336,38 +337,58 @@ def _review_page_paths() -> dict[str, Any]:
     }
 
 
+_TRAFFIC_PATHS: tuple[tuple[str, str, str | None], ...] = (
+    ("/v1/chat/completions", "OpenAI Chat Completions", "ChatCompletionRequest"),
+    ("/v1/responses", "OpenAI Responses", None),
+    ("/v1/messages", "Anthropic Messages", None),
+    ("/v1beta/models/{model}:generateContent", "Gemini generateContent", None),
+    ("/v1/completions", "OpenAI legacy Completions", None),
+)
+"""The traffic port's wire APIs (docs/apis/): path, name, request schema (None: any
+JSON object, as that API defines it)."""
+
+
+def _traffic_operation(name: str, schema: str | None, servers: list[Any]) -> dict[str, Any]:
+    body = _ref(schema) if schema is not None else {"type": "object"}
+    parameters: list[dict[str, Any]] = [
+        {"name": "X-Request-Id", "in": "header", "schema": {"type": "string"}},
+        {"name": "X-Relmon-Task", "in": "header", "schema": {"type": "string"}},
+    ]
+    return {
+        **({"servers": servers} if servers else {}),
+        "post": {
+            "summary": f"Mirror: a copy of a {name} request (any path prefix).",
+            "description": (
+                "Answered 202 as soon as the body is read; the body is parsed only "
+                "afterwards, and a malformed one is counted as rejected "
+                '(relmon_traffic_events_total{decision="rejected"}), never answered '
+                "with an error. In proxy mode the request goes to the upstream and "
+                "its answer comes back unchanged. No authentication: bind the port "
+                "to a private address."
+            ),
+            "security": [],
+            "parameters": parameters,
+            "requestBody": {"required": True, "content": {_JSON: {"schema": body}}},
+            "responses": {
+                "202": _json({"type": "object"}, "Accepted (mirror)."),
+                "400": _json({"type": "object"}, "The body was cut short."),
+                "413": _json({"type": "object"}, "Body over traffic.max_body_bytes."),
+            },
+        },
+    }
+
+
 def _traffic_paths(traffic_url: str | None) -> dict[str, Any]:
     servers = [{"url": traffic_url, "description": "the traffic port"}] if traffic_url else []
-    return {
-        "/v1/chat/completions": {
-            **({"servers": servers} if servers else {}),
-            "post": {
-                "summary": "Mirror: a copy of a chat completion request (any path prefix).",
-                "description": (
-                    "Answered 202 as soon as the body is read; the body is parsed only "
-                    "afterwards, and a malformed one is counted as rejected "
-                    '(relmon_traffic_events_total{decision="rejected"}), never answered '
-                    "with an error. In proxy mode the request goes to the upstream and "
-                    "its answer comes back unchanged. No authentication: bind the port "
-                    "to a private address."
-                ),
-                "security": [],
-                "parameters": [
-                    {"name": "X-Request-Id", "in": "header", "schema": {"type": "string"}},
-                    {"name": "X-Relmon-Task", "in": "header", "schema": {"type": "string"}},
-                ],
-                "requestBody": {
-                    "required": True,
-                    "content": {_JSON: {"schema": _ref("ChatCompletionRequest")}},
-                },
-                "responses": {
-                    "202": _json({"type": "object"}, "Accepted (mirror)."),
-                    "400": _json({"type": "object"}, "The body was cut short."),
-                    "413": _json({"type": "object"}, "Body over traffic.max_body_bytes."),
-                },
-            },
-        }
+    paths = {
+        path: _traffic_operation(name, schema, servers) for path, name, schema in _TRAFFIC_PATHS
     }
+    gemini = paths["/v1beta/models/{model}:generateContent"]["post"]
+    gemini["parameters"] = [
+        *gemini["parameters"],
+        {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}},
+    ]
+    return paths
 
 
 def openapi_document(*, traffic_url: str | None = None) -> dict[str, Any]:

@@ -1,5 +1,5 @@
 """The client's limits on calls: a consecutive-failure circuit breaker with a single
-half-open trial, and a token-bucket rate limit (see :mod:`adapters.openai.client`)."""
+half-open trial, and a token-bucket rate limit (see :mod:`adapters.model.client`)."""
 
 from __future__ import annotations
 

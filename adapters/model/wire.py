@@ -1,5 +1,5 @@
 """The chat-completions wire format: the body sent for a request, the answers read
-from a response, and ``Retry-After`` (see :mod:`adapters.openai.client`)."""
+from a response, and ``Retry-After`` (see :mod:`adapters.model.client`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from email.utils import parsedate_to_datetime
 from typing import Any, Final
 
-from monitor.core.canon.toolcall import choice_answer
+from monitor.core.apis.openai_chat import chat_answers
 from monitor.core.errors import InputError, ModelCallError
 
 __all__ = [
@@ -58,33 +58,19 @@ def forward_body(request: Mapping[str, Any], *, model: str) -> dict[str, Any]:
 
 
 def parse_completion(raw: bytes) -> list[str]:
-    """The answers of the choices of a chat-completion body, in order.
-
-    Text content as it is; ``content: null`` gives ``""``; a message with ``tool_calls``
-    (or a refusal) gives a marked answer (:func:`monitor.core.canon.toolcall.choice_answer`).
-    Raises :class:`~monitor.core.errors.InputError` with a
-    short reason (never the body itself) for anything that is not a well-formed completion.
+    """The answers of the choices of a chat-completion body, in order
+    (:func:`monitor.core.apis.openai_chat.chat_answers`: text content as it is,
+    ``content: null`` gives ``""``, tool calls or a refusal a marked answer). Raises
+    :class:`~monitor.core.errors.InputError` with a short reason (never the body itself)
+    for anything that is not a well-formed completion.
     """
     try:
         obj = json.loads(raw)
     except (ValueError, RecursionError):
         raise InputError("body is not JSON") from None
-    choices = obj.get("choices") if isinstance(obj, dict) else None
-    if not isinstance(choices, list) or not choices:
+    if not isinstance(obj, dict):
         raise InputError("body has no non-empty 'choices' list")
-    texts: list[str] = []
-    for choice in choices:
-        message = choice.get("message") if isinstance(choice, dict) else None
-        if not isinstance(message, dict) or not (
-            "content" in message or "tool_calls" in message or "refusal" in message
-        ):
-            raise InputError("a choice has no 'message.content'")
-        text = choice_answer(message)
-        if text is None:
-            kind = type(message.get("content")).__name__
-            raise InputError(f"a choice's content is a {kind}, not a string")
-        texts.append(text)
-    return texts
+    return chat_answers(obj)
 
 
 def parse_retry_after(value: str | None, now: float) -> float | None:

@@ -8,7 +8,7 @@ and the judge's). The key goes the API's way (``Authorization: Bearer``, ``x-api
 (``n``, ``candidateCount``) and ``supports_n`` is set; the answers are read by the API
 (:meth:`~monitor.core.apis.base.WireApi.answers`).
 
-:class:`OpenAIClient` implements :class:`monitor.engine.ports.ModelClient`: one pool of
+:class:`HttpModelClient` implements :class:`monitor.engine.ports.ModelClient`: one pool of
 keep-alive connections per endpoint (:mod:`.transport`), bounded concurrency, an
 optional token-bucket rate limit, retries with jittered exponential backoff, a circuit
 breaker, and a hard cap on the size of a response. Every network or OS error is
@@ -79,9 +79,9 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final, Literal, get_args
 from urllib.parse import urlsplit, urlunsplit
 
-from adapters.openai.limits import CircuitBreaker, TokenBucket
-from adapters.openai.transport import ModelTransport, TransportError, host_and_port
-from adapters.openai.wire import (
+from adapters.model.limits import CircuitBreaker, TokenBucket
+from adapters.model.transport import ModelTransport, TransportError, host_and_port
+from adapters.model.wire import (
     FORWARDED_FIELDS,
     build_body,
     encode,
@@ -98,7 +98,7 @@ __all__ = [
     "FORWARDED_FIELDS",
     "OUTCOMES",
     "RETRY_KINDS",
-    "OpenAIClient",
+    "HttpModelClient",
     "Outcome",
     "build_body",
     "forward_body",
@@ -154,7 +154,7 @@ class _CallError(Exception):
         self.retry_after = retry_after
 
 
-class OpenAIClient:
+class HttpModelClient:
     """A :class:`~monitor.engine.ports.ModelClient` for one OpenAI-compatible endpoint."""
 
     def __init__(
@@ -206,12 +206,12 @@ class OpenAIClient:
             limits[kind] = count
         failed = [name for name, ok in checks.items() if not ok]
         if failed:
-            raise ConfigError(f"OpenAIClient: need {', '.join(failed)}")
+            raise ConfigError(f"HttpModelClient: need {', '.join(failed)}")
         self._retries = limits
         self._url = base_url.rstrip("/")
         self._shown_url = shown_url(self._url)
         key = "'***'" if api_key else "None"  # the key itself lives in the transport only
-        self._repr = f"OpenAIClient(base_url={base_url!r}, model={model!r}, api_key={key})"
+        self._repr = f"HttpModelClient(base_url={base_url!r}, model={model!r}, api_key={key})"
         self._model = model
         self._temperature = float(temperature)
         self._max_tokens = int(max_tokens)
@@ -245,7 +245,7 @@ class OpenAIClient:
         """The breaker's state (``half_open``: the next call is the trial)."""
         return self._breaker.state
 
-    async def __aenter__(self) -> OpenAIClient:
+    async def __aenter__(self) -> HttpModelClient:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -439,7 +439,7 @@ class _Call:
 class _ChatCall(_Call):
     """A chat-completions call to the base URL + ``/chat/completions``."""
 
-    def __init__(self, client: OpenAIClient) -> None:
+    def __init__(self, client: HttpModelClient) -> None:
         self.max_draws = 1 << 30
         self.path = "/chat/completions"
 
@@ -453,7 +453,7 @@ class _ChatCall(_Call):
 class _ApiCall(_Call):
     """A call in ``api``, by ``route``."""
 
-    def __init__(self, client: OpenAIClient, api: WireApi, route: Route | None) -> None:
+    def __init__(self, client: HttpModelClient, api: WireApi, route: Route | None) -> None:
         self.api = api
         self.max_draws = api.max_draws_per_call
         self.auth = api.auth

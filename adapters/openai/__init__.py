@@ -1,3 +1,0 @@
-"""The OpenAI-compatible model API client."""
-
-__all__: list[str] = []

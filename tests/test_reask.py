@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 from monitor.core.errors import ConfigError
 from monitor.core.reask import (
     DROPPED_FIELDS,
+    FieldRules,
     ReaskPolicy,
     override_fields,
     reask_request,
@@ -153,3 +156,79 @@ def test_shown_values() -> None:
     assert shown_value("user", "bob") == "<text, 3 chars>"
     assert shown_value("stop", ["a", "b"]) == "<list, 2 items>"
     assert shown_value("store", True) is True
+
+
+# -- per-API field rules (monitor.core.apis: FieldRules) ---------------------------------
+
+GEMINI_LIKE = FieldRules(
+    dropped=("generationConfig.seed",),
+    own=("generationConfig.candidateCount", "stream"),
+    temperature="generationConfig.temperature",
+    model=None,
+    built=None,
+)
+
+
+def test_dotted_fields_are_dropped_raised_and_the_production_request_is_untouched() -> None:
+    config = {"seed": 7, "temperature": 0.0, "candidateCount": 4, "topK": 40}
+    request = {"contents": [{"parts": [{"text": "q"}]}], "generationConfig": config}
+    before = copy.deepcopy(request)
+    reask = reask_request(request, ReaskPolicy(model="g-2"), GEMINI_LIKE)
+    assert reask.body["generationConfig"] == {"temperature": 0.5, "topK": 40}
+    assert reask.changes == {
+        "generationConfig.seed": {"from": 7},
+        "generationConfig.temperature": {"from": 0.0, "to": 0.5},
+    }
+    assert request == before  # nested objects copied, never changed in place
+    assert "model" not in reask.body  # the model lives in the path for this API
+
+
+def test_set_and_drop_take_dotted_paths_and_create_missing_parents() -> None:
+    request = {"contents": [], "generationConfig": {"topK": 40}}
+    policy = ReaskPolicy(
+        set={"generationConfig.maxOutputTokens": 64}, drop=["generationConfig.topK"]
+    )
+    reask = reask_request(request, policy, GEMINI_LIKE)
+    assert reask.body["generationConfig"] == {"maxOutputTokens": 64}
+    assert reask.changes["generationConfig.maxOutputTokens"] == {"to": 64}
+    assert reask.changes["generationConfig.topK"] == {"from": 40}
+    bare = reask_request({"contents": []}, policy, GEMINI_LIKE)
+    assert bare.body == {"contents": [], "generationConfig": {"maxOutputTokens": 64}}
+
+
+@pytest.mark.parametrize(
+    ("sent", "change"),
+    [
+        (True, {"from": True, "to": False}),
+        (None, {"to": False}),
+        (False, None),
+        (0, {"from": 0, "to": False}),
+    ],
+)
+def test_a_forced_field_is_always_sent_and_shown_when_it_differs(
+    sent: object, change: dict[str, object] | None
+) -> None:
+    rules = FieldRules(dropped=(), forced=(("store", False),), built=None)
+    request = {"input": "q"} | ({} if sent is None else {"store": sent})
+    reask = reask_request(request, ReaskPolicy(), rules)
+    assert reask.body["store"] is False
+    assert reask.changes.get("store") == change
+
+
+@pytest.mark.parametrize(
+    ("minimum", "sent", "to"), [(0.5, 0.2, 0.5), (1.5, 0.2, 1.0), (1.5, 1.2, None)]
+)
+def test_a_raised_temperature_never_passes_the_apis_maximum(
+    minimum: float, sent: float, to: float | None
+) -> None:
+    rules = FieldRules(max_temperature=1.0, built=None)
+    reask = reask_request({"temperature": sent}, ReaskPolicy(min_temperature=minimum), rules)
+    assert reask.body["temperature"] == (sent if to is None else to)
+    assert ("temperature" in reask.changes) == (to is not None)
+
+
+def test_override_fields_of_several_apis_are_known_at_start() -> None:
+    fields = override_fields(ReaskPolicy(), (FieldRules(), GEMINI_LIKE))
+    assert {"seed", "generationConfig.seed", "generationConfig.temperature", "temperature"} <= set(
+        fields
+    )

@@ -128,11 +128,14 @@ def admit_record(record: Any, sink: EventSink, source: str, max_bytes: int) -> A
     ``Exception``: it goes through.
     """
     try:
-        return sink(parse_event_bytes(record.value, max_bytes), source)
+        admission = sink(parse_event_bytes(record.value, max_bytes), source)
     except InputError as exc:
         return str(exc)
     except Exception as exc:
         return record_failed(record, exc, "kafka.event_failed")
+    if admission.decision == "rejected":  # an API its task cannot re-ask in
+        return admission.reason or "rejected"
+    return admission
 
 
 def skipped_at_once(record: Any, skip: SkipCheck, source: str, max_bytes: int) -> bool:

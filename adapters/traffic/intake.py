@@ -397,7 +397,9 @@ class Intake:
                 raise InputError("a path of no API relmon reads")
             text = None if answer is None else messages.answer_text(answer[0], answer[1], api)
             event = self.event(headers, path, raw, text, rid, draw, api)
-            self.sink(event, self.source)  # the sink counts its decision last: nothing twice
+            admission = self.sink(event, self.source)  # it counts its decision: nothing twice
+            if admission.decision == "rejected":  # not counted: an API its task cannot speak
+                count(admission.reason or "rejected")
         except InputError as exc:
             count(str(exc))
         except Exception as exc:  # a bug, here or in the sink

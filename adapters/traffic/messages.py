@@ -113,7 +113,7 @@ def answer_text(body: bytes, headers: Mapping[str, str], api: WireApi | None = N
     plain = decoded(body, headers.get("Content-Encoding", ""))
     if plain is None:
         return None
-    if api is None or api.name == "openai.chat":
+    if api is None:
         if is_event_stream(headers.get("Content-Type", "")):
             return sse_response_text(plain)
         return json_response_text(plain)

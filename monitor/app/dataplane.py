@@ -132,6 +132,7 @@ async def start_data_plane(
         reject=service.admission.reject,
         task_resolver=HeaderTaskResolver(service.router, traffic.task_header),
         skip=None,
+        generic=generic_apis(settings),  # the child relays their requests too
     )
 
     def on_offer(  # noqa: PLR0917  (the relay callback: seven positional)

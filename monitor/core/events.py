@@ -115,7 +115,10 @@ def served_answer(api: WireApi | None, response: Any) -> str | None:
     if response is None or api is None:
         return None
     if isinstance(response, str):
-        return api.stream_answer(sse_payloads(response))
+        payloads = sse_payloads(response)
+        if not payloads:
+            raise _reject("'response' text is not an SSE stream: no data: event holds JSON")
+        return api.stream_answer(payloads)
     if not isinstance(response, dict):
         raise _reject("'response' must be a JSON object or the text of an SSE stream")
     return api.answer(response)

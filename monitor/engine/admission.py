@@ -117,9 +117,8 @@ class AdmissionControl:
         not be re-asked (``not_reasked``, by reason); None: it may be."""
         try:
             api = task.api(event)
-        except InputError as exc:
-            self.reject(source, str(exc))
-            return Admission("rejected")
+        except InputError as exc:  # counted by the source, which rejects it its way
+            return Admission("rejected", reason=str(exc))
         reason = api.not_reasked(event.request, task.server_tools)
         if reason is None:
             return None

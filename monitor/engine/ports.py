@@ -125,6 +125,10 @@ class Admission:
 
     decision: Decision
     done: asyncio.Future[None] | None = None
+    reason: str | None = None
+    """Of a ``rejected`` event (its API is one its task cannot re-ask in): why. Not
+    counted yet: the source counts it as it counts an event it could not parse (Kafka:
+    dead-lettered with this reason)."""
 
 
 EventSink = Callable[[TrafficEvent, str], Admission]

@@ -116,11 +116,17 @@ class Relmon:
 
 @contextlib.asynccontextmanager
 async def relmon(
-    tmp_path: Path, up: Upstream, mode: str, tasks: list[dict[str, Any]] | None = None
+    tmp_path: Path,
+    up: Upstream,
+    mode: str,
+    tasks: list[dict[str, Any]] | None = None,
+    **traffic_extra: Any,
 ) -> AsyncIterator[Relmon]:
-    """relmon (``mode``: proxy or mirror) with ``tasks`` (default: one per standard API)."""
+    """relmon (``mode``: proxy or mirror) with ``tasks`` (default: one per standard API);
+    ``traffic_extra``: more ``traffic`` keys (``data_plane="process"``)."""
     port = free_port()
     traffic: dict[str, Any] = {"mode": mode, "port": port, "offer_batch_s": 0, "uvloop": False}
+    traffic |= traffic_extra
     if mode == "proxy":
         traffic["upstream_url"] = up.url
     state = tmp_path / "state"

@@ -443,8 +443,9 @@ def agent_task(up: Upstream) -> dict[str, Any]:
     }
 
 
+@pytest.mark.parametrize("data_plane", ["inline", "process"])
 async def test_a_generic_agent_request_is_resent_as_it_is(
-    tmp_path: Path, upstream: Upstream
+    tmp_path: Path, upstream: Upstream, data_plane: str
 ) -> None:
     body = {
         "question": "What is the capital of Egypt?",
@@ -455,7 +456,9 @@ async def test_a_generic_agent_request_is_resent_as_it_is(
         "metadata": {"ticket": "T-1"},
     }
     headers = rid("agent-1") | {"Authorization": f"Bearer {PROD_KEY}", "Cookie": "sid=prod"}
-    async with relmon(tmp_path, upstream, "proxy", [agent_task(upstream)]) as r:
+    async with relmon(
+        tmp_path, upstream, "proxy", [agent_task(upstream)], data_plane=data_plane
+    ) as r:
         async with aiohttp.ClientSession() as session:
             url = r.url + "/agent/ask?session=prod-session"
             async with session.post(url, json=body, headers=headers) as resp:

@@ -136,6 +136,9 @@ class OpenAIChat:
             return None
         if not isinstance(message, dict):
             return None
+        nothing = not (message.get("tool_calls") or message.get("refusal"))
+        if message.get("content") is None and nothing:
+            return None  # production got no answer relmon could compare
         try:
             return choice_answer(message)
         except ValueError:

@@ -17,7 +17,7 @@ RUNTIME_STAMP := $(VENV)/.runtime-installed
 TEST_STAMP    := $(VENV)/.test-installed
 # The hot path compiled with mypyc (setup.py): rebuilt when a module of it may have changed.
 COMPILE_STAMP := $(VENV)/.compiled
-HOT_SOURCES   := setup.py $(wildcard adapters/http/*.py adapters/upstream/*.py adapters/openai/*.py monitor/engine/*.py monitor/core/*.py)
+HOT_SOURCES   := setup.py $(wildcard adapters/traffic/*.py adapters/upstream/*.py adapters/model/*.py monitor/engine/*.py monitor/core/*.py)
 # wrk: the load generator of bench/mirror_bench.py.
 DEB_PACKAGES  := prometheus prometheus-alertmanager nginx chromium wrk iproute2 postgresql
 SOAK_SECONDS  ?= 600
@@ -117,6 +117,7 @@ bench: $(COMPILE_STAMP)
 	$(BIN)/python bench/mirror_bench.py --json bench/results/mirror.json
 	$(BIN)/python bench/proxy_latency_bench.py --json bench/results/proxy.json
 	$(BIN)/python bench/proxy_saturation_bench.py --upstream nginx --with-lean --with-data-plane --plain-baseline --json bench/results/proxy_saturation.json
+	$(BIN)/python bench/proxy_saturation_bench.py --upstream nginx --apis chat,responses,anthropic,gemini,completions,mixed --json bench/results/proxy_apis.json
 	$(BIN)/python bench/proxy_saturation_bench.py --data-plane uvloop --upstream nginx --with-lean --plain-baseline --json bench/results/proxy_data_plane.json
 	$(BIN)/python bench/dataplane_cpu_bench.py --json bench/results/dataplane_cpu.json
 	$(BIN)/python bench/loop_stall_bench.py --json bench/results/loop_stall.json

@@ -280,9 +280,11 @@ def relmon_config(
     review_rate: float = 0.1,
     k_max: int = 20,
     traffic_extra: str = "",
+    match: str = "{model: bench-model}",
 ) -> None:
     """A one-task relmon configuration: traffic naming ``bench-model`` is the task
-    (``traffic_extra``: more ``traffic`` keys, YAML flow style, such as ``uvloop: false``)."""
+    (``traffic_extra``: more ``traffic`` keys, YAML flow style, such as ``uvloop: false``;
+    ``match``: the task's, YAML flow style, ``{}`` for the catch-all task: every event)."""
     traffic = f"{{mode: {traffic_mode}, port: {ports['traffic']}"
     if upstream_url:
         traffic += f', upstream_url: "{upstream_url}"'
@@ -292,7 +294,7 @@ def relmon_config(
     path.write_text(
         f"""tasks:
   - name: bench
-    match: {{model: bench-model}}
+    match: {match}
     canonicalizer: numeric
     endpoint: {{base_url: "{model_url}", model: bench-model, concurrency: 4, timeout_s: 10}}
     k_max: {k_max}
@@ -335,8 +337,10 @@ def start_relmon(
 
 
 def compiled(tree: Path = ROOT) -> bool:
-    """Whether relmon's hot path in ``tree`` is compiled (``make compile``, setup.py)."""
-    return any((tree / "adapters" / "http").glob("wire.*.so"))
+    """Whether relmon's hot path in ``tree`` is compiled (``make compile``, setup.py): its
+    HTTP wire module in ``adapters/traffic`` (``adapters/http`` in trees from before the
+    wire APIs)."""
+    return any(any((tree / "adapters" / d).glob("wire.*.so")) for d in ("traffic", "http"))
 
 
 def plain_copy(dest: Path, tree: Path = ROOT) -> Path:

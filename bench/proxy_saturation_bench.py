@@ -31,11 +31,23 @@ interpreter reaches here) and ``--baseline-tree PATH`` the same relmon (data pla
 whole service) from another checkout, say the code before a change (``git worktree add
 PATH COMMIT``), as targets of the same run: before/after ratios from one run.
 
+``--apis chat,responses,anthropic,gemini,completions,mixed`` (with ``--upstream nginx``)
+measures each wire API relmon reads in one run: wrk sends that API's request (about the
+chat request's size, the API's own headers) to its path, the static nginx upstream
+answers the API's documented JSON (a regex ``location`` per API on the end of the path,
+which the re-asks reach too), ``mixed`` sends the five in turn from one wrk script.
+relmon's task is the catch-all one (1% of every API sampled, each event re-asked in its
+own API to the same upstream). Each repeat gives every API a turn, in a rotating order:
+its windows as above, relmon's counters read around it. Per API: the four ratios against
+nginx and the goals they meet, and relmon's CPU per request, added p50 and requests/s
+against its own for chat in the same repeat (paired).
+
 Reported: medians over ``--repeats`` repeats and the ratios relmon/nginx. With
 ``--profile FILE`` py-spy samples relmon during its first saturation run and the
 hottest functions (by own time and by inclusive time) go into the JSON document.
 
     .venv/bin/python bench/proxy_saturation_bench.py [--seconds 3] [--repeats 5] [--json FILE]
+        [--upstream nginx --apis chat,responses,anthropic,gemini,completions,mixed]
 """
 
 from __future__ import annotations
@@ -43,14 +55,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +76,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib
 from proxy_latency_bench import start_nginx
 
-from adapters.http.traffic import TrafficServer
+from adapters.traffic.traffic import TrafficServer
 from monitor.config import TaskSettings
 from monitor.config.schema import TrafficSettings
 from monitor.engine.ports import Admission
@@ -94,13 +109,207 @@ COMPLETION = json.dumps(
         "usage": {"prompt_tokens": 20, "completion_tokens": 1, "total_tokens": 21},
     }
 )
+CHAT_PATH = "/v1/chat/completions"
 
 
-def start_static_upstream(prefix: Path, port: int) -> subprocess.Popen[bytes]:
-    """nginx answering every request with :data:`COMPLETION` (one worker, keep-alive)."""
+# -- every wire API (--apis) ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WireCase:
+    """One wire API as the bench sends it: its production path, a request of about the
+    chat request's size (the same system text and question) with that API's headers, the
+    JSON answer the static upstream gives (the API's documented shape) and the nginx
+    location that answers it: a regex on the end of the path, so that a re-ask reaches
+    it too (a catch-all task's ``base_url`` ends in ``/v1``: Anthropic's re-ask goes to
+    ``/v1/v1/messages``, Gemini's to ``/v1/v1beta/models/…:generateContent``)."""
+
+    api: str
+    path: str
+    body: bytes
+    headers: dict[str, str]
+    answer: str
+    location: str
+
+
+_QUESTION = "What is 6 times 7?"
+_JSON = {"Content-Type": "application/json"}
+_USAGE = {"input_tokens": 20, "output_tokens": 1}
+APIS: dict[str, WireCase] = {
+    "chat": WireCase("openai.chat", CHAT_PATH, REQUEST, HEADERS, COMPLETION, "/chat/completions$"),
+    "responses": WireCase(
+        "openai.responses",
+        "/v1/responses",
+        json.dumps(
+            {
+                "model": "bench-model",
+                "temperature": 0,
+                "instructions": _SYSTEM.strip(),
+                "input": [{"role": "user", "content": _QUESTION}],
+            }
+        ).encode(),
+        HEADERS,
+        json.dumps(
+            {
+                "id": "resp_bench",
+                "object": "response",
+                "created_at": 1700000000,
+                "status": "completed",
+                "model": "bench-model",
+                "output": [
+                    {
+                        "type": "message",
+                        "id": "msg_bench",
+                        "status": "completed",
+                        "role": "assistant",
+                        "content": [{"type": "output_text", "text": "42", "annotations": []}],
+                    }
+                ],
+                "usage": _USAGE | {"total_tokens": 21},
+            }
+        ),
+        "/responses$",
+    ),
+    "anthropic": WireCase(
+        "anthropic.messages",
+        "/v1/messages",
+        json.dumps(
+            {
+                "model": "bench-model",
+                "max_tokens": 16,
+                "temperature": 0,
+                "system": _SYSTEM.strip(),
+                "messages": [{"role": "user", "content": _QUESTION}],
+            }
+        ).encode(),
+        _JSON | {"x-api-key": "app-key", "anthropic-version": "2023-06-01"},
+        json.dumps(
+            {
+                "id": "msg_bench",
+                "type": "message",
+                "role": "assistant",
+                "model": "bench-model",
+                "content": [{"type": "text", "text": "42"}],
+                "stop_reason": "end_turn",
+                "stop_sequence": None,
+                "usage": _USAGE,
+            }
+        ),
+        "/v1/messages$",
+    ),
+    "gemini": WireCase(
+        "gemini.generate_content",
+        "/v1beta/models/bench-model:generateContent",
+        json.dumps(
+            {
+                "systemInstruction": {"parts": [{"text": _SYSTEM.strip()}]},
+                "contents": [{"role": "user", "parts": [{"text": _QUESTION}]}],
+                "generationConfig": {"temperature": 0, "maxOutputTokens": 16},
+            }
+        ).encode(),
+        _JSON | {"x-goog-api-key": "app-key"},
+        json.dumps(
+            {
+                "candidates": [
+                    {
+                        "content": {"role": "model", "parts": [{"text": "42"}]},
+                        "finishReason": "STOP",
+                        "index": 0,
+                    }
+                ],
+                "usageMetadata": {
+                    "promptTokenCount": 20,
+                    "candidatesTokenCount": 1,
+                    "totalTokenCount": 21,
+                },
+                "modelVersion": "bench-model",
+            }
+        ),
+        ":generateContent$",
+    ),
+    "completions": WireCase(
+        "openai.completions",
+        "/v1/completions",
+        json.dumps(
+            {
+                "model": "bench-model",
+                "temperature": 0,
+                "max_tokens": 16,
+                "prompt": f"{_SYSTEM.strip()}\n\nQuestion: {_QUESTION}\nAnswer:",
+            }
+        ).encode(),
+        HEADERS,
+        json.dumps(
+            {
+                "id": "cmpl-bench",
+                "object": "text_completion",
+                "created": 1700000000,
+                "model": "bench-model",
+                "choices": [{"index": 0, "text": "42", "logprobs": None, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 20, "completion_tokens": 1, "total_tokens": 21},
+            }
+        ),
+        "/completions$",  # after chat's: nginx tries regex locations in order
+    ),
+}
+MIXED = "mixed"
+"""Every API of :data:`APIS` in turn, one request each, from one wrk script."""
+CHOICES = (*APIS, MIXED)
+VS_CHAT_TOLERANCE = 1.10
+"""An API "costs no more than a chat request" when relmon's CPU per request and added
+p50 for it are at most this many times chat's (paired within a repeat, the median over
+the repeats): a 10% margin for the measurement (nginx's own ratios, beside them, show
+how far a proxy whose cost is the same for every API moves)."""
+
+
+def parse_apis(text: str) -> list[str]:
+    """``--apis``: names of :data:`CHOICES`, comma-separated, in order, once each."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in CHOICES]
+    if unknown or not names or len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give each of {', '.join(CHOICES)} at most once, comma-separated"
+        )
+    return names
+
+
+def _lua(value: str) -> str:
+    """A Lua string literal (JSON's escapes of ASCII text are Lua's)."""
+    return json.dumps(value)
+
+
+def mixed_script(path: Path, names: Sequence[str] = tuple(APIS)) -> Path:
+    """A wrk Lua script sending the requests of ``names`` in turn (each its own path,
+    headers and body; built once, in ``init``)."""
+    lua = ["local requests = {}", "init = function(args)"]
+    for name in names:
+        case = APIS[name]
+        headers = ", ".join(f"[{_lua(k)}] = {_lua(v)}" for k, v in case.headers.items())
+        lua.append(
+            f'  requests[#requests + 1] = wrk.format("POST", {_lua(case.path)}, '
+            f"{{{headers}}}, {_lua(case.body.decode())})"
+        )
+    lua += ["end", "local i = 0", "request = function()", "  i = i % #requests + 1"]
+    lua += ["  return requests[i]", "end"]
+    path.write_text("\n".join(lua) + "\n")
+    return path
+
+
+def _nginx_string(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("'", "\\'")
+
+
+def start_static_upstream(prefix: Path, port: int, apis: bool = False) -> subprocess.Popen[bytes]:
+    """nginx answering every request with :data:`COMPLETION` (one worker, keep-alive);
+    with ``apis``, a path ending as one of :data:`APIS`' with that API's answer."""
     for d in ("logs", "tmp"):
         (prefix / d).mkdir(parents=True, exist_ok=True)
-    body = COMPLETION.replace("\\", "\\\\").replace("'", "\\'")
+    body = _nginx_string(COMPLETION)
+    by_api = "".join(
+        f"        location ~ {case.location} "
+        f"{{ default_type application/json; return 200 '{_nginx_string(case.answer)}'; }}\n"
+        for case in (APIS.values() if apis else ())
+    )
     conf = prefix / "nginx.conf"
     conf.write_text(
         f"""daemon off;
@@ -114,7 +323,7 @@ http {{
     keepalive_requests 1000000;
     server {{
         listen 127.0.0.1:{port};
-        location / {{ default_type application/json; return 200 '{body}'; }}
+{by_api}        location / {{ default_type application/json; return 200 '{body}'; }}
     }}
 }}
 """
@@ -180,52 +389,76 @@ def _measure(
     latency: list[dict[str, Any]] = []
     after_idle: list[dict[str, Any]] = []
     saturation: list[dict[str, Any]] = []
-    targets = tuple(urls)
-    proxies = targets[1:]
     last: dict[str, float] = {}  # when each target's last window ended
-    for target in targets:  # warm-up, not reported
-        benchlib.wrk(urls[target], script, connections=args.connections, seconds=1)
-        last[target] = time.monotonic()
+    _warm_up(urls, script, args, last)
     for r in range(args.repeats):
-        n = len(targets)
-        order = targets[r % n :] + targets[: r % n]
-        rep: dict[str, Any] = {}
-        idle: dict[str, Any] = {}
-        for t in order:
-            idle_s = time.monotonic() - last[t]
-            idle[t], rep[t] = (
-                benchlib.wrk(
-                    urls[t], script, connections=args.latency_connections, seconds=args.seconds
-                )
-                for _ in range(2)
-            )
-            idle[t]["idle_s"] = idle_s
-            last[t] = time.monotonic()
+        rep, idle, sat = _repeat(urls, pids, script, args, r, last, args.profile is not None)
         latency.append(rep)
         after_idle.append(idle)
-        sat: dict[str, Any] = {}
-        k = r % len(proxies)
-        for t in proxies[k:] + proxies[:k]:
-            if args.profile is not None and r == 0 and t == "relmon":
-                sat[t] = _profiled(urls[t], script, pids[t][0], args)
-            else:
-                sat[t] = _wrk_cpu(urls[t], script, args.connections, args.seconds, pids[t])
-            last[t] = time.monotonic()
         saturation.append(sat)
-        print(
-            f"  repeat {r + 1}: p50 "
-            + " ".join(f"{t} {rep[t]['p50_ms']:.3f}" for t in targets)
-            + " ms | p99 after idle "
-            + " ".join(f"{t} {idle[t]['p99_ms']:.3f}" for t in targets)
-            + " ms | sat "
-            + " ".join(f"{t} {sat[t]['requests_per_s']:,.0f}" for t in proxies)
-            + " req/s | cpu/10k "
-            + " ".join(f"{t} {sat[t]['cpu_s_per_10k']:.2f}" for t in proxies)
-            + " s",
-            file=sys.stderr,
-            flush=True,
-        )
     return latency, after_idle, saturation
+
+
+def _warm_up(
+    urls: dict[str, str], script: Path, args: argparse.Namespace, last: dict[str, float]
+) -> None:
+    """Every target once, not reported."""
+    for target, url in urls.items():
+        benchlib.wrk(url, script, connections=args.connections, seconds=1)
+        last[target] = time.monotonic()
+
+
+def _repeat(  # noqa: PLR0917  (one repeat's inputs)
+    urls: dict[str, str],
+    pids: dict[str, list[int]],
+    script: Path,
+    args: argparse.Namespace,
+    r: int,
+    last: dict[str, float],
+    profile: bool,
+    label: str = "",
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """Repeat ``r`` (its order of the targets): its latency windows, steady and after
+    idle, and its saturation runs. ``last``: when each target's last window ended
+    (updated); ``profile``: py-spy relmon's saturation run of the first repeat."""
+    targets = tuple(urls)
+    proxies = targets[1:]
+    n = len(targets)
+    order = targets[r % n :] + targets[: r % n]
+    rep: dict[str, Any] = {}
+    idle: dict[str, Any] = {}
+    for t in order:
+        idle_s = time.monotonic() - last[t]
+        idle[t], rep[t] = (
+            benchlib.wrk(
+                urls[t], script, connections=args.latency_connections, seconds=args.seconds
+            )
+            for _ in range(2)
+        )
+        idle[t]["idle_s"] = idle_s
+        last[t] = time.monotonic()
+    sat: dict[str, Any] = {}
+    k = r % len(proxies)
+    for t in proxies[k:] + proxies[:k]:
+        if profile and r == 0 and t == "relmon":
+            sat[t] = _profiled(urls[t], script, pids[t][0], args)
+        else:
+            sat[t] = _wrk_cpu(urls[t], script, args.connections, args.seconds, pids[t])
+        last[t] = time.monotonic()
+    print(
+        f"  repeat {r + 1}{label}: p50 "
+        + " ".join(f"{t} {rep[t]['p50_ms']:.3f}" for t in targets)
+        + " ms | p99 after idle "
+        + " ".join(f"{t} {idle[t]['p99_ms']:.3f}" for t in targets)
+        + " ms | sat "
+        + " ".join(f"{t} {sat[t]['requests_per_s']:,.0f}" for t in proxies)
+        + " req/s | cpu/10k "
+        + " ".join(f"{t} {sat[t]['cpu_s_per_10k']:.2f}" for t in proxies)
+        + " s",
+        file=sys.stderr,
+        flush=True,
+    )
+    return rep, idle, sat
 
 
 def _profiled(url: str, script: Path, pid: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -347,15 +580,17 @@ def _after_idle(windows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _start_relmon(
     args: argparse.Namespace, tmp: Path, up_port: int, tree: Path, traffic_extra: str
-) -> tuple[subprocess.Popen[bytes], int]:
+) -> tuple[subprocess.Popen[bytes], int, int | None]:
     """relmon from ``tree``: its data plane alone (``--data-plane``) or ``relmon run``
-    in proxy mode; the process and its traffic port."""
+    in proxy mode (with ``--apis``, its task the catch-all one: every API's events); the
+    process, its traffic port and its metrics port (None: the data plane alone)."""
     if args.data_plane:
         cmd = [sys.executable, str(tree / "bench" / Path(__file__).name), "--serve-data-plane"]
         cmd += [args.data_plane, f"http://127.0.0.1:{up_port}"]
-        return benchlib.spawn_with_port(
+        proc, port = benchlib.spawn_with_port(
             cmd, "data plane", env={**os.environ, "PYTHONPATH": str(tree)}
         )
+        return proc, port, None
     proc, ports = benchlib.start_relmon_service(
         tmp,
         f"http://127.0.0.1:{up_port}/v1",
@@ -363,65 +598,79 @@ def _start_relmon(
         traffic_mode="proxy",
         upstream_url=f"http://127.0.0.1:{up_port}",
         traffic_extra=traffic_extra,
+        **({"match": "{}"} if args.apis else {}),
     )
-    return proc, ports["traffic"]
+    return proc, ports["traffic"], ports["metrics"]
+
+
+@contextlib.contextmanager
+def _servers(
+    args: argparse.Namespace, tmp: Path
+) -> Iterator[tuple[dict[str, str], dict[str, list[int]], int | None]]:
+    """The upstream and every target, stopped on exit: each target's origin
+    (``http://127.0.0.1:PORT``, ``direct`` the upstream's), the processes whose CPU counts
+    for each proxy, and relmon's metrics port (None: the data plane alone)."""
+    nginx_port = benchlib.free_port()
+    if args.upstream == "nginx":
+        up_port = benchlib.free_port()
+        upstream = start_static_upstream(tmp / "upstream", up_port, apis=bool(args.apis))
+    else:
+        cmd = [sys.executable, str(Path(__file__).with_name("proxy_latency_bench.py"))]
+        upstream, up_port = benchlib.spawn_with_port([*cmd, "--serve-upstream"], "upstream")
+    relmon = nginx = lean = before = plane = None
+    try:
+        relmon, port, metrics_port = _start_relmon(
+            args, tmp / "relmon", up_port, benchlib.ROOT, args.traffic_extra
+        )
+        nginx = start_nginx(tmp / "nginx", nginx_port, up_port)
+        origins = {
+            "direct": f"http://127.0.0.1:{up_port}",
+            "relmon": f"http://127.0.0.1:{port}",
+            "nginx": f"http://127.0.0.1:{nginx_port}",
+        }
+        # A process and its children: nginx's workers, relmon's data plane process.
+        pids = {"relmon": _family(relmon.pid), "nginx": _family(nginx.pid)}
+        if args.plain_baseline:
+            args.baseline_tree = benchlib.plain_copy(tmp / "plain")
+        if args.baseline_tree is not None:
+            extra = args.traffic_extra
+            if args.baseline_traffic_extra is not None:
+                extra = args.baseline_traffic_extra
+            before, before_port, _ = _start_relmon(
+                args, tmp / "before", up_port, args.baseline_tree, extra
+            )
+            origins["before"] = f"http://127.0.0.1:{before_port}"
+            pids["before"] = _family(before.pid)
+        if args.with_lean:
+            cmd = [sys.executable, str(Path(__file__).with_name("lean_proxy.py")), str(up_port)]
+            lean, lean_port = benchlib.spawn_with_port(cmd, "lean proxy")
+            origins["lean"] = f"http://127.0.0.1:{lean_port}"
+            pids["lean"] = [lean.pid]
+        if args.with_data_plane:
+            cmd = [sys.executable, __file__, "--serve-data-plane", "uvloop"]
+            plane, plane_port = benchlib.spawn_with_port(
+                [*cmd, f"http://127.0.0.1:{up_port}"], "data plane"
+            )
+            origins["plane"] = f"http://127.0.0.1:{plane_port}"
+            pids["plane"] = [plane.pid]
+        yield origins, pids, metrics_port
+    finally:
+        for proc in (nginx, relmon, lean, before, plane):
+            if proc is not None:
+                benchlib.stop(proc)
+        benchlib.stop(upstream)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    if args.apis:
+        return run_apis(args)
     start_machine = benchlib.machine()
     with tempfile.TemporaryDirectory(prefix="relmon-proxy-sat-") as tmp_name:
         tmp = Path(tmp_name)
         script = benchlib.wrk_script(tmp / "post.lua", REQUEST, HEADERS)
-        nginx_port = benchlib.free_port()
-        if args.upstream == "nginx":
-            up_port = benchlib.free_port()
-            upstream = start_static_upstream(tmp / "upstream", up_port)
-        else:
-            cmd = [sys.executable, str(Path(__file__).with_name("proxy_latency_bench.py"))]
-            upstream, up_port = benchlib.spawn_with_port([*cmd, "--serve-upstream"], "upstream")
-        relmon = nginx = lean = before = plane = None
-        try:
-            relmon, port = _start_relmon(
-                args, tmp / "relmon", up_port, benchlib.ROOT, args.traffic_extra
-            )
-            nginx = start_nginx(tmp / "nginx", nginx_port, up_port)
-            path = "/v1/chat/completions"
-            urls = {
-                "direct": f"http://127.0.0.1:{up_port}{path}",
-                "relmon": f"http://127.0.0.1:{port}{path}",
-                "nginx": f"http://127.0.0.1:{nginx_port}{path}",
-            }
-            # A process and its children: nginx's workers, relmon's data plane process.
-            pids = {"relmon": _family(relmon.pid), "nginx": _family(nginx.pid)}
-            if args.plain_baseline:
-                args.baseline_tree = benchlib.plain_copy(tmp / "plain")
-            if args.baseline_tree is not None:
-                extra = args.traffic_extra
-                if args.baseline_traffic_extra is not None:
-                    extra = args.baseline_traffic_extra
-                before, before_port = _start_relmon(
-                    args, tmp / "before", up_port, args.baseline_tree, extra
-                )
-                urls["before"] = f"http://127.0.0.1:{before_port}{path}"
-                pids["before"] = _family(before.pid)
-            if args.with_lean:
-                cmd = [sys.executable, str(Path(__file__).with_name("lean_proxy.py")), str(up_port)]
-                lean, lean_port = benchlib.spawn_with_port(cmd, "lean proxy")
-                urls["lean"] = f"http://127.0.0.1:{lean_port}{path}"
-                pids["lean"] = [lean.pid]
-            if args.with_data_plane:
-                cmd = [sys.executable, __file__, "--serve-data-plane", "uvloop"]
-                plane, plane_port = benchlib.spawn_with_port(
-                    [*cmd, f"http://127.0.0.1:{up_port}"], "data plane"
-                )
-                urls["plane"] = f"http://127.0.0.1:{plane_port}{path}"
-                pids["plane"] = [plane.pid]
+        with _servers(args, tmp) as (origins, pids, _):
+            urls = {t: origin + CHAT_PATH for t, origin in origins.items()}
             latency, after_idle, saturation = _measure(urls, pids, script, args)
-        finally:
-            for proc in (nginx, relmon, lean, before, plane):
-                if proc is not None:
-                    benchlib.stop(proc)
-            benchlib.stop(upstream)
     report: dict[str, Any] = {
         "benchmark": "proxy_saturation",
         "load_generator": "wrk 1 thread, closed loop, its own process",
@@ -461,6 +710,258 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         keep = ("label", "latency", "saturation", "ratios", "machine", "profile", "upstream")
         report["before"].append({k: doc[k] for k in keep if k in doc})
     return report
+
+
+# -- every wire API (--apis): one run, relmon and nginx per API ----------------------------
+
+
+def run_apis(args: argparse.Namespace) -> dict[str, Any]:
+    """``--apis``: the same measurement for each API of ``args.apis`` in one run, against
+    one relmon (a catch-all task sampling 1% of every API, the re-asks in each event's own
+    API to the same upstream) and one nginx, the APIs in a rotating order within each
+    repeat; relmon's counters read before and after each API's turn."""
+    start_machine = benchlib.machine()
+    names: list[str] = args.apis
+    with tempfile.TemporaryDirectory(prefix="relmon-proxy-apis-") as tmp_name:
+        tmp = Path(tmp_name)
+        scripts = {
+            name: mixed_script(tmp / "mixed.lua")
+            if name == MIXED
+            else benchlib.wrk_script(tmp / f"{name}.lua", APIS[name].body, APIS[name].headers)
+            for name in names
+        }
+        with _servers(args, tmp) as (origins, pids, metrics_port):
+            urls = {
+                name: {t: origin + _path_of(name) for t, origin in origins.items()}
+                for name in names
+            }
+            scrape = None
+            if metrics_port is not None:
+                metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+                scrape = lambda: relmon_counts(benchlib.http_get(metrics_url))  # noqa: E731
+            results, counts = _measure_apis(urls, pids, scripts, args, scrape)
+    wire: dict[str, Any] = {
+        name: {"api": c.api, "path": c.path, "request_bytes": len(c.body)}
+        for name, c in APIS.items()
+    }
+    wire[MIXED] = {"api": "every API in turn", "path": "each API's", "apis": list(APIS)}
+    report: dict[str, Any] = {
+        "benchmark": "proxy_apis",
+        "load_generator": "wrk 1 thread, closed loop, its own process",
+        "apis": names,
+        "wire": {name: wire[name] for name in names},
+        "seconds": args.seconds,
+        "repeats": args.repeats,
+        "latency_connections": args.latency_connections,
+        "connections": args.connections,
+        "traffic_extra": args.traffic_extra,
+        "data_plane": args.data_plane,
+        "task": (
+            "one catch-all task (no match: every API's events), 1% hash-sampled, "
+            "endpoint.api unset (each event re-asked in its own API) with base_url the "
+            "upstream's /v1"
+        ),
+        "upstream": args.upstream,
+        "with_lean": args.with_lean,
+        "with_data_plane": args.with_data_plane,
+        "baseline_tree": str(args.baseline_tree) if args.baseline_tree else None,
+        "plain_baseline": args.plain_baseline,
+        "compiled": {
+            "relmon": benchlib.compiled(),
+            "before": benchlib.compiled(args.baseline_tree) if args.baseline_tree else None,
+        },
+        "machine": start_machine,
+        "label": args.label,
+    }
+    return report | summarize_apis(results, counts)
+
+
+def summarize_apis(
+    results: dict[str, dict[str, list[dict[str, Any]]]], counts: dict[str, list[Counts]]
+) -> dict[str, Any]:
+    """The figures of an ``--apis`` run from its windows (``results``: per API, as
+    :func:`_measure_apis` returns them) and relmon's counters over each API's turns."""
+    return {
+        "repeat_results": results,
+        "relmon_counts": counts,
+        "relmon_counts_total": {name: sum_counts(c) for name, c in counts.items()},
+        "per_api": api_summary(results),
+        "vs_chat": vs_chat(results) if "chat" in results else None,
+        "vs_chat_tolerance": VS_CHAT_TOLERANCE,
+    }
+
+
+def _path_of(name: str) -> str:
+    """The path wrk's URL names (the mixed script sets each request's own)."""
+    return "/" if name == MIXED else APIS[name].path
+
+
+Counts = dict[str, dict[str, float]]
+
+
+def _measure_apis(
+    urls: dict[str, dict[str, str]],
+    pids: dict[str, list[int]],
+    scripts: dict[str, Path],
+    args: argparse.Namespace,
+    scrape: Callable[[], Counts] | None,
+) -> tuple[dict[str, dict[str, list[dict[str, Any]]]], dict[str, list[Counts]]]:
+    """Each repeat: every API in a rotating order, each taking one repeat of
+    :func:`_measure`'s (its targets' latency windows, then the proxies at saturation);
+    relmon's counters over each API's turn (``scrape``: read them)."""
+    results: dict[str, dict[str, list[dict[str, Any]]]] = {
+        name: {"latency": [], "latency_after_idle": [], "saturation": []} for name in urls
+    }
+    counts: dict[str, list[Counts]] = {name: [] for name in urls}
+    last: dict[str, float] = {}  # when each target (of any API) last had a window
+    for name, by_target in urls.items():
+        _warm_up(by_target, scripts[name], args, last)
+    names = tuple(urls)
+    for r in range(args.repeats):
+        k = r % len(names)
+        for name in names[k:] + names[:k]:
+            before = scrape() if scrape is not None else None
+            rep, idle, sat = _repeat(
+                urls[name], pids, scripts[name], args, r, last, False, f" {name:>11}"
+            )
+            results[name]["latency"].append(rep)
+            results[name]["latency_after_idle"].append(idle)
+            results[name]["saturation"].append(sat)
+            if scrape is not None and before is not None:
+                counts[name].append(counts_delta(before, scrape()))
+    return results, counts
+
+
+_COUNTED: dict[str, tuple[str, str]] = {
+    "requests": ("relmon_traffic_requests_total", "api"),
+    "decisions": ("relmon_traffic_events_total", "decision"),
+    "items": ("relmon_items_total", "outcome"),
+    "model_calls": ("relmon_model_calls_total", "outcome"),
+    "not_reasked": ("relmon_not_reasked_total", "reason"),
+}
+"""relmon's counters read around each API's turn: (metric, the label counted by)."""
+
+
+def relmon_counts(text: str) -> Counts:
+    """From a Prometheus exposition, each of :data:`_COUNTED` summed by its label."""
+    out: Counts = {}
+    for key, (metric, label) in _COUNTED.items():
+        by: dict[str, float] = {}
+        for labels, value in benchlib.metric_values(text, metric).items():
+            m = re.search(rf'\b{label}="([^"]*)"', labels)
+            if m is not None:
+                by[m.group(1)] = by.get(m.group(1), 0.0) + value
+        out[key] = by
+    return out
+
+
+def counts_delta(before: Counts, after: Counts) -> Counts:
+    """What the counters added between two reads (the values that moved)."""
+    return {
+        key: {
+            k: v - before.get(key, {}).get(k, 0.0)
+            for k, v in by.items()
+            if v != before.get(key, {}).get(k, 0.0)
+        }
+        for key, by in after.items()
+    }
+
+
+def sum_counts(deltas: Sequence[Counts]) -> Counts:
+    out: Counts = {}
+    for delta in deltas:
+        for key, by in delta.items():
+            total = out.setdefault(key, {})
+            for k, v in by.items():
+                total[k] = total.get(k, 0.0) + v
+    return out
+
+
+def api_summary(results: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, Any]:
+    """Per API: :func:`_summarize`'s figures (medians, the ratios of the medians against
+    nginx's and the paired ratios of each repeat), the medians of the paired ratios and
+    the goals they meet, and its windows after idle."""
+    out: dict[str, Any] = {}
+    for name, r in results.items():
+        s = _summarize(r["latency"], r["saturation"])
+        s["paired_ratios"] = {
+            key: _median_or_none([rep[key] for rep in s["repeat_ratios"]]) for key in GOALS
+        }
+        s["goals_met"] = {
+            key: s["paired_ratios"][key] is not None and met(s["paired_ratios"][key])
+            for key, met in GOALS.items()
+        }
+        s["after_idle"] = _after_idle(r["latency_after_idle"])
+        out[name] = s
+    return out
+
+
+VS_CHAT_KEYS = ("cpu_per_request", "added_p50", "requests_per_s")
+
+
+def _median_or_none(values: list[float | None]) -> float | None:
+    kept = [v for v in values if v is not None]
+    return benchlib.median(kept) if kept else None
+
+
+def vs_chat(results: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, Any]:
+    """Per API, each proxy against itself serving chat in the same repeat (paired): its
+    CPU per request, added p50 and requests/s for the API over the same for chat; the
+    medians over the repeats, and whether relmon's CPU per request and added p50 stay
+    within :data:`VS_CHAT_TOLERANCE` of chat's (nginx's show what the API's own bytes
+    cost a proxy that reads none of them)."""
+    chat = results["chat"]
+    out: dict[str, Any] = {}
+    for name, r in results.items():
+        paired = []
+        rows = zip(r["latency"], r["saturation"], chat["latency"], chat["saturation"], strict=True)
+        for lat, sat, lat0, sat0 in rows:
+            row: dict[str, dict[str, float | None]] = {}
+            for t in PROXIES:
+                added = lat[t]["p50_ms"] - lat["direct"]["p50_ms"]
+                added0 = lat0[t]["p50_ms"] - lat0["direct"]["p50_ms"]
+                row[t] = {
+                    "cpu_per_request": sat[t]["cpu_s_per_10k"] / sat0[t]["cpu_s_per_10k"],
+                    "added_p50": added / added0 if added0 > 0 else None,
+                    "requests_per_s": sat[t]["requests_per_s"] / sat0[t]["requests_per_s"],
+                }
+            paired.append(row)
+        medians = {
+            t: {k: _median_or_none([row[t][k] for row in paired]) for k in VS_CHAT_KEYS}
+            for t in PROXIES
+        }
+        relmon = medians["relmon"]
+        out[name] = medians | {
+            "repeat_ratios": paired,
+            "no_more_than_chat": {
+                k: relmon[k] is not None and relmon[k] <= VS_CHAT_TOLERANCE
+                for k in ("cpu_per_request", "added_p50")
+            },
+        }
+    return out
+
+
+def _print_apis(report: dict[str, Any]) -> None:
+    for name, s in report["per_api"].items():
+        a, n = s["latency"]["relmon_added"], s["latency"]["nginx_added"]
+        sat, y = s["saturation"], s["paired_ratios"]
+        print(
+            f"{name:>11}: relmon added p50 +{a['p50_ms']:.3f} (nginx +{n['p50_ms']:.3f}) ms "
+            f"p99 +{a['p99_ms']:.3f} (+{n['p99_ms']:.3f}) ms | "
+            f"{sat['relmon']['requests_per_s']:,.0f} ({sat['nginx']['requests_per_s']:,.0f}) "
+            "req/s | "
+            f"{sat['relmon']['cpu_s_per_10k']:.2f} ({sat['nginx']['cpu_s_per_10k']:.2f}) "
+            f"CPU-s per 10k || /nginx, paired: added p50 {_times(y['added_p50'])}, p99 "
+            f"{_times(y['added_p99'])}, req/s x{y['requests_per_s']:.2f}, CPU "
+            f"x{y['cpu_per_request']:.2f}; goals met {sum(s['goals_met'].values())} of 4"
+        )
+    chat = report.get("vs_chat") or {}
+    for name, v in chat.items():
+        r = v["relmon"]
+        print(
+            f"{name:>11} / chat, relmon: CPU per request {_times(r['cpu_per_request'])}, added "
+            f"p50 {_times(r['added_p50'])} (nginx: CPU {_times(v['nginx']['cpu_per_request'])})"
+        )
 
 
 def fast_path_server(upstream_url: str) -> TrafficServer:
@@ -549,6 +1050,12 @@ def main() -> None:
         default=[],
         help="an earlier run's JSON to show beside this one (repeatable)",
     )
+    parser.add_argument(
+        "--apis",
+        type=parse_apis,
+        help=f"measure each of these wire APIs, comma-separated: {','.join(CHOICES)} "
+        "(mixed: every API in turn); needs --upstream nginx",
+    )
     parser.add_argument("--quick", action="store_true", help="1 s runs, 1 repeat (a smoke test)")
     parser.add_argument("--json", type=Path, help="write the results as JSON to this file")
     args = parser.parse_args()
@@ -558,11 +1065,18 @@ def main() -> None:
         with runner:
             runner.run(_serve_data_plane(url))
         return
+    if args.apis and args.upstream != "nginx":
+        parser.error("--apis needs --upstream nginx (the upstream that answers every API)")
+    if args.apis and (args.profile is not None or args.before):
+        parser.error("--apis takes neither --profile nor --before")
     if args.quick:
         args.seconds, args.repeats = 1.0, 1
     report = run(args)
     if args.json:
         benchlib.write_json(report, args.json)
+    if args.apis:
+        _print_apis(report)
+        return
     lat, sat = report["latency"], report["saturation"]
     for t in sat:
         a, s = lat[f"{t}_added"], sat[t]

@@ -25,6 +25,7 @@ SECTIONS = (
     "mirror",
     "proxy",
     "proxy_saturation",
+    "proxy_apis",
     "proxy_data_plane",
     "dataplane_cpu",
     "loop_stall",
@@ -423,6 +424,194 @@ def _goals(doc: dict[str, Any]) -> list[str]:
     ]
 
 
+_GOAL_NAMES = {
+    "added_p50": "added p50",
+    "added_p99": "added p99",
+    "requests_per_s": "req/s",
+    "cpu_per_request": "CPU per request",
+}
+
+
+def _goals_cell(met: dict[str, bool]) -> str:
+    missed = [_GOAL_NAMES[k] for k, ok in met.items() if not ok]
+    return f"{len(met) - len(missed)} of {len(met)}" + (
+        f" (not {', '.join(missed)})" if missed else ""
+    )
+
+
+def _api_label(doc: dict[str, Any], name: str) -> str:
+    if name == "mixed":
+        return "mixed: the five in turn"
+    return f"{name} (`{doc['wire'][name]['api']}`)"
+
+
+def _signed(v: float) -> str:
+    return f"{v:+.3f}"
+
+
+def _api_row(label: str, d: dict[str, Any]) -> list[str]:
+    """One API's relmon beside the same turn's nginx, with the goals it meets."""
+    lat, sat, x = d["latency"], d["saturation"], d["paired_ratios"]
+    r, n = lat["relmon_added"], lat["nginx_added"]
+    rs, ns = sat["relmon"], sat["nginx"]
+    met, count = d["repeats_meeting_goals"], len(d["repeat_ratios"])
+    return [
+        label,
+        f"{_signed(r['p50_ms'])} / {_signed(n['p50_ms'])}",
+        _x(x["added_p50"]),
+        f"{_signed(r['p99_ms'])} / {_signed(n['p99_ms'])}",
+        _x(x["added_p99"]),
+        f"{rs['requests_per_s']:,.0f} / {ns['requests_per_s']:,.0f}",
+        _x(x["requests_per_s"]),
+        f"{rs['cpu_s_per_10k']:.2f} / {ns['cpu_s_per_10k']:.2f}",
+        _x(x["cpu_per_request"]),
+        _goals_cell(d["goals_met"]),
+        " · ".join(str(met[k]) for k in _GOAL_NAMES) + f" of {count}",
+    ]
+
+
+def proxy_apis(doc: dict[str, Any]) -> list[str]:
+    """One wrk run per wire API (``--apis``): relmon beside nginx for each, and each
+    API's cost to relmon against chat's, in the same repeats."""
+    names, per_api = doc["apis"], doc["per_api"]
+    wires = ", ".join(
+        f"{name} `POST {doc['wire'][name]['path']}` ({doc['wire'][name]['request_bytes']:,} bytes)"
+        for name in names
+        if name != "mixed"
+    )
+    out = [
+        "### Every wire API beside nginx, with wrk",
+        "",
+        "The measurement above for each wire API relmon reads, all in one run: one "
+        f"`relmon run` in proxy mode and one nginx `proxy_pass` in front of the same "
+        f"static upstream ({doc['upstream']}, a `location` per API answering that API's "
+        "documented JSON, matched by the end of the path so that the re-asks reach it too). "
+        f"relmon's task: {doc['task']}. wrk sends each API's request, the same system text "
+        f"and question in that API's shape and headers: {wires}; *mixed*: one wrk script "
+        "sending the five in turn. Within a repeat the APIs take turns in a rotating "
+        "order, each turn the three targets' latency windows at "
+        f"{doc['latency_connections']} connections, then the two proxies at saturation "
+        f"at {doc['connections']}. The figures are medians over {doc['repeats']} repeats "
+        f"of {doc['seconds']:g} s; every ratio is taken within a repeat (paired: the "
+        "targets' windows of one API's turn, seconds apart) and the tables give the "
+        "medians of those, which the machine's drift from one turn to the next moves "
+        f"less (so a ratio may differ from the quotient of the medians beside it). "
+        f"{_ran(doc)}",
+        "",
+    ]
+    head = [
+        "API",
+        "added p50 ms relmon / nginx",
+        "ratio",
+        "added p99 ms relmon / nginx",
+        "ratio",
+        "req/s at saturation relmon / nginx",
+        "ratio",
+        "CPU-s per 10k relmon / nginx",
+        "ratio",
+        "goals met",
+        "repeats meeting p50 · p99 · req/s · CPU",
+    ]
+    out += _table(head, [_api_row(_api_label(doc, name), per_api[name]) for name in names])
+    out += [
+        "",
+        "Goals, for every API and for the mix: added latency at most ×2 nginx's (p50 and "
+        "p99), requests/s at least ×0.7, CPU per request at most ×2 (*goals met*: by the "
+        "ratios in the row; then how many repeats met each). A p99 difference below 0 "
+        "(nginx's p99 under the direct call's) is noise and gives no ratio.",
+        "",
+    ]
+    chat = doc.get("vs_chat")
+    if chat:
+        tol = doc["vs_chat_tolerance"]
+        rows = []
+        for name in names:
+            v, r = chat[name], chat[name]["relmon"]
+            ok = v["no_more_than_chat"]
+            rows.append(
+                [
+                    _api_label(doc, name),
+                    _x(r["cpu_per_request"]),
+                    _x(r["added_p50"]),
+                    _x(r["requests_per_s"]),
+                    _x(v["nginx"]["cpu_per_request"]),
+                    _x(v["nginx"]["added_p50"]),
+                    "yes"
+                    if all(ok.values())
+                    else "no ("
+                    + ", ".join(_GOAL_NAMES[k] for k, good in ok.items() if not good)
+                    + ")",
+                ]
+            )
+        out += [
+            "Each API against chat, the same proxy in the same repeat (medians of the "
+            "paired ratios): what a request of that API costs relmon (CPU per request, "
+            "added p50, requests/s at saturation) over what a chat request costs it; "
+            "nginx's own ratios show what the API's bytes cost a proxy that reads none of "
+            f"them. *No more than chat*: relmon's CPU and added p50 at most ×{tol:.2f} "
+            "chat's. On a shared machine one repeat's paired ratio moves by more than that "
+            "(nginx's columns show how much for a proxy whose cost is the same for every "
+            "API): read relmon's beside them.",
+            "",
+            *_table(
+                [
+                    "API",
+                    "relmon CPU per request vs chat",
+                    "relmon added p50 vs chat",
+                    "relmon req/s vs chat",
+                    "nginx CPU per request vs chat",
+                    "nginx added p50 vs chat",
+                    "relmon no more than chat",
+                ],
+                rows,
+            ),
+            "",
+        ]
+    counts = doc.get("relmon_counts_total") or {}
+    if counts:
+        rows = []
+        for name in names:
+            c = counts[name]
+            dec, calls = c.get("decisions", {}), c.get("model_calls", {})
+            seen = sum(c.get("requests", {}).values())
+            sampled = dec.get("sampled", 0) + dec.get("dropped", 0)
+            failed = sum(v for k, v in calls.items() if k != "ok")
+            rows.append(
+                [
+                    _api_label(doc, name),
+                    ", ".join(f"`{k}` {v:,.0f}" for k, v in c.get("requests", {}).items()),
+                    f"{sampled:,.0f} ({sampled / seen:.2%})" if seen else "0",
+                    f"{c.get('items', {}).get('scored', 0):,.0f}",
+                    f"{calls.get('ok', 0):,.0f} / {failed:,.0f}",
+                ]
+            )
+        out += [
+            "What relmon did with each API's turns (its counters read before and after each "
+            "turn, all repeats; items finish a little after their turn, so they may count in "
+            "the next): the requests by the API relmon recognised, those its 1% sampled "
+            "(handled, or dropped while the re-ask budget was spent), the items scored and "
+            "their model calls (re-asks in the event's own API to the same upstream).",
+            "",
+            *_table(
+                [
+                    "API",
+                    "requests by recognised API",
+                    "sampled (share)",
+                    "items scored",
+                    "model calls ok / failed",
+                ],
+                rows,
+            ),
+            "",
+        ]
+    return [
+        *out,
+        "Reproduce: `.venv/bin/python bench/proxy_saturation_bench.py --upstream nginx "
+        f"--apis {','.join(names)}`",
+        "",
+    ]
+
+
 RULE_LABELS = {
     "default": "relmon default (`truncated` + futility)",
     "previous": "relmon previous default (`runner-up` + futility)",
@@ -754,13 +943,13 @@ def loop_stall(doc: dict[str, Any]) -> list[str]:
 
 def model_client(doc: dict[str, Any]) -> list[str]:
     labels = {
-        "relmon": "relmon's model client (`OpenAIClient`)"
+        "relmon": "relmon's model client (`HttpModelClient`)"
         + (", compiled" if doc.get("compiled") else ""),
         "aiohttp": "bare `aiohttp.ClientSession` (baseline)",
     }
     rows = [
         [
-            labels.get(name, f"`OpenAIClient` of {name} (`{doc['trees'][name]}`)"),
+            labels.get(name, f"`HttpModelClient` of {name} (`{doc['trees'][name]}`)"),
             f"{s['cpu_us_per_call']:.1f}",
             f"{s['calls_per_s']:,.0f}",
             _x(doc["ratios_to_aiohttp"][name]["cpu_per_call"]),
@@ -1046,6 +1235,8 @@ def render(docs: dict[str, dict[str, Any]]) -> str:
             lines += [f"## {name}", "", "Not run: `make bench` writes this section.", ""]
         if name == "proxy" and "proxy_saturation" in docs:
             lines += proxy_saturation(docs["proxy_saturation"])
+        if name == "proxy" and "proxy_apis" in docs:
+            lines += proxy_apis(docs["proxy_apis"])
         if name == "proxy" and "proxy_data_plane" in docs:
             lines += proxy_data_plane(docs["proxy_data_plane"])
         if name == "proxy" and "dataplane_cpu" in docs:

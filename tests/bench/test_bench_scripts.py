@@ -7,8 +7,11 @@ No timing is asserted: the machine is shared and a smoke run proves nothing abou
 
 from __future__ import annotations
 
+import argparse
+import importlib
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -73,6 +76,12 @@ def render(*, results: Path, out: Path) -> None:
         check=True,
         timeout=60,
     )
+
+
+def compiled(tree: Path) -> bool:
+    """Whether the hot path of ``tree`` is compiled: its HTTP wire module (in
+    ``adapters/traffic``, ``adapters/http`` before the wire APIs) is a built extension."""
+    return any(any((tree / "adapters" / d).glob("wire.*.so")) for d in ("traffic", "http"))
 
 
 def positive(x: float) -> bool:
@@ -169,7 +178,7 @@ def test_proxy_data_plane_beside_the_lean_proxy_and_plain_python(tmp_path: Path)
     for target in ("relmon", "nginx", "before", "lean"):
         assert doc["saturation"][target]["errors"] == 0
         assert positive(doc["saturation"][target]["requests_per_s"])
-    compiled_here = any((ROOT / "adapters" / "http").glob("wire.*.so"))
+    compiled_here = compiled(ROOT)
     assert doc["compiled"] == {"relmon": compiled_here, "before": False}
     for other in ("before", "lean"):
         ratios = doc[f"{other}_ratios"]
@@ -409,7 +418,7 @@ def test_dataplane_cpu_bench(quick: tuple[Path, dict[str, str | None]]) -> None:
     assert all(positive(v) for v in us.values())
     for name, ratio in doc["vs_lean"].items():
         assert ratio == pytest.approx(us[name] / us["lean"])
-    assert doc["compiled"] == any((ROOT / "adapters" / "http").glob("wire.*.so"))
+    assert doc["compiled"] == compiled(ROOT)
 
 
 @pytest.mark.timeout(900)
@@ -448,3 +457,195 @@ def test_report_shows_the_data_plane_alone_beside_the_whole_proxy(tmp_path: Path
         line for line in out.read_text().splitlines() if "data plane alone (`relmon run`" in line
     )
     assert f"×{doc['plane_ratios']['requests_per_s']:.2f}" in row
+
+
+# -- every wire API (proxy_saturation_bench.py --apis) ----------------------------------
+
+
+def bench_module(name: str) -> Any:
+    """A script of bench/ imported as a module (for its pure helpers)."""
+    if str(BENCH) not in sys.path:
+        sys.path.insert(0, str(BENCH))
+    return importlib.import_module(name)
+
+
+def _window(p50: float, p99: float, rps: float = 0.0, cpu: float = 0.0) -> dict[str, float]:
+    """One fake wrk window as the bench records it."""
+    return {
+        "p50_ms": p50,
+        "p99_ms": p99,
+        "requests_per_s": rps,
+        "cpu_s_per_10k": cpu,
+        "non_2xx": 0.0,
+        "socket_errors": 0.0,
+        "idle_s": 2.0,
+    }
+
+
+def _fake_api(
+    relmon_added_p50: list[float], relmon_cpu: list[float], nginx_cpu: list[float] | None = None
+) -> dict[str, Any]:
+    """An API's repeats: direct p50 0.1 ms, nginx adds 0.1 ms (p99 0.2), relmon adds
+    ``relmon_added_p50`` (p99 0.3); at saturation relmon 40k req/s and ``relmon_cpu``,
+    nginx 50k req/s and ``nginx_cpu`` (0.2) CPU-s per 10k."""
+    latency = [
+        {
+            "direct": _window(0.1, 0.3),
+            "relmon": _window(0.1 + added, 0.6),
+            "nginx": _window(0.2, 0.5),
+        }
+        for added in relmon_added_p50
+    ]
+    saturation = [
+        {"relmon": _window(0.5, 1.0, 40_000, cpu), "nginx": _window(0.4, 0.9, 50_000, base)}
+        for cpu, base in zip(relmon_cpu, nginx_cpu or [0.2] * len(relmon_cpu), strict=True)
+    ]
+    return {"latency": latency, "latency_after_idle": latency, "saturation": saturation}
+
+
+def test_proxy_apis_ratios_are_paired_per_repeat_and_against_chat() -> None:
+    """``--apis``: each API's four ratios against nginx and its goals; each API against
+    chat within the same repeat (paired), not medians divided; relmon's counters by
+    turn; the options and the mixed wrk script."""
+    sat = bench_module("proxy_saturation_bench")
+    results = {
+        "chat": _fake_api([0.15, 0.15, 0.15], [0.2, 0.4, 0.3]),
+        # Repeat by repeat 1.05 chat's CPU (median of the pairs), though its median CPU is
+        # 0.42 against chat's 0.3; added p50 twice chat's in every repeat.
+        "anthropic": _fake_api([0.3, 0.3, 0.3], [0.21, 0.42, 0.6]),
+    }
+    text = (
+        'relmon_traffic_requests_total{source="proxy",api="anthropic.messages"} 300.0\n'
+        'relmon_traffic_events_total{source="proxy",decision="sampled"} 2.0\n'
+        'relmon_traffic_events_total{source="proxy",decision="skipped"} 297.0\n'
+        'relmon_model_calls_total{model="bench-model",task="bench",outcome="ok"} 12.0\n'
+        'relmon_model_calls_total{model="bench-model",task="bench",outcome="error"} 0.0\n'
+    )
+    after = sat.relmon_counts(text)
+    assert after["requests"] == {"anthropic.messages": 300.0}
+    assert after["model_calls"] == {"ok": 12.0, "error": 0.0}
+    before = sat.relmon_counts(text.replace("300.0", "100.0").replace("297.0", "99.0"))
+    delta = sat.counts_delta(before, after)
+    assert delta["requests"] == {"anthropic.messages": 200.0}
+    assert delta["decisions"] == {"skipped": 198.0} and delta["model_calls"] == {}
+    counts = {"chat": [], "anthropic": [delta, delta]}
+    doc = sat.summarize_apis(results, counts)
+    assert doc["relmon_counts_total"]["anthropic"]["requests"] == {"anthropic.messages": 400.0}
+
+    chat, anthropic = doc["per_api"]["chat"], doc["per_api"]["anthropic"]
+    assert chat["ratios"]["added_p50"] == pytest.approx(1.5)  # 0.15 against nginx's 0.1
+    assert chat["ratios"]["added_p99"] == pytest.approx(1.5)  # 0.3 against 0.2
+    assert chat["ratios"]["requests_per_s"] == pytest.approx(0.8)
+    assert chat["ratios"]["cpu_per_request"] == pytest.approx(1.5)  # 0.3 against 0.2
+    assert chat["paired_ratios"]["cpu_per_request"] == pytest.approx(1.5)  # 1, 2, 1.5
+    assert all(chat["goals_met"].values())
+    assert anthropic["ratios"]["added_p50"] == pytest.approx(3.0)
+    assert anthropic["goals_met"] == {
+        "added_p50": False,
+        "added_p99": True,
+        "requests_per_s": True,
+        "cpu_per_request": False,  # 0.42 against 0.2
+    }
+    assert anthropic["repeats_meeting_goals"]["cpu_per_request"] == 1  # 1.05, 2.1, 3.0
+    assert anthropic["repeats_meeting_goals"]["added_p50"] == 0
+
+    vs = doc["vs_chat"]
+    assert vs["chat"]["relmon"] == {
+        "cpu_per_request": 1.0,
+        "added_p50": 1.0,
+        "requests_per_s": 1.0,
+    }
+    assert vs["anthropic"]["relmon"]["cpu_per_request"] == pytest.approx(1.05)  # not 1.4
+    assert vs["anthropic"]["relmon"]["added_p50"] == pytest.approx(2.0)
+    assert vs["anthropic"]["nginx"]["cpu_per_request"] == pytest.approx(1.0)
+    assert vs["anthropic"]["no_more_than_chat"] == {
+        "cpu_per_request": True,
+        "added_p50": False,
+    }
+
+    assert sat.parse_apis("chat, anthropic,mixed") == ["chat", "anthropic", "mixed"]
+    for bad in ("chat,chat", "soap", ""):
+        with pytest.raises(argparse.ArgumentTypeError):
+            sat.parse_apis(bad)
+
+
+def test_proxy_apis_wrk_script_and_upstream_cover_every_api(tmp_path: Path) -> None:
+    """The mixed wrk script sends every API's request in turn (its path, headers and
+    body as the single-API scripts send them); each API's path and its re-ask's path
+    (under the catch-all task's ``base_url``, ``…/v1``) reach that API's location, and
+    each answer is that API's own (each API reads it)."""
+    sat = bench_module("proxy_saturation_bench")
+    from monitor.core.apis.registry import get_api
+
+    lua = sat.mixed_script(tmp_path / "mixed.lua").read_text()
+    assert lua.count("wrk.format(") == len(sat.APIS) == 5
+    assert "request = function()" in lua
+    for name, case in sat.APIS.items():
+        assert json.dumps(case.path) in lua and json.dumps(case.body.decode()) in lua, name
+        assert 1300 < len(case.body) < 1500, name  # about the chat request's size
+        api = get_api(case.api)
+        assert api.recognises(case.path), name
+        request = json.loads(case.body)
+        route = api.route(request, case.path, "bench-model")
+        for path in (case.path, "/v1" + route.path):
+            # The first regex location that matches wins, as nginx tries them in order.
+            first = next(c for c in sat.APIS.values() if re.search(c.location, path))
+            assert first is case, (name, path)
+        assert api.answer(json.loads(case.answer)) == "42", name
+
+
+def test_report_renders_every_api_beside_nginx(tmp_path: Path) -> None:
+    """Section 2 gains a table of every API (its four ratios against nginx and the
+    goals met), each against chat, and relmon's counters by API."""
+    sat = bench_module("proxy_saturation_bench")
+    results = {
+        "chat": _fake_api([0.15, 0.15, 0.15], [0.2, 0.4, 0.3]),
+        "anthropic": _fake_api([0.3, 0.3, 0.3], [0.21, 0.42, 0.6]),
+        # CPU 1, 2 and 1 times nginx's, repeat by repeat: ×1.00 paired (×2.00 from the
+        # medians, 0.4 against 0.2).
+        "mixed": _fake_api([0.16, 0.16, 0.16], [0.2, 0.4, 0.6], [0.2, 0.2, 0.6]),
+    }
+    seen = {
+        "requests": {"anthropic.messages": 10_000.0},
+        "decisions": {"sampled": 20.0, "dropped": 80.0, "skipped": 9_900.0},
+        "items": {"scored": 20.0},
+        "model_calls": {"ok": 120.0, "error": 2.0},
+    }
+    counts = {"chat": [], "anthropic": [seen], "mixed": []}
+    doc = {
+        "benchmark": "proxy_apis",
+        "apis": list(results),
+        "wire": {
+            "chat": {"api": "openai.chat", "path": "/v1/chat/completions", "request_bytes": 1},
+            "anthropic": {"api": "anthropic.messages", "path": "/v1/messages", "request_bytes": 1},
+            "mixed": {"api": "every API in turn", "path": "each API's", "apis": ["chat"]},
+        },
+        "seconds": 3.0,
+        "repeats": 3,
+        "latency_connections": 8,
+        "connections": 32,
+        "task": "one catch-all task",
+        "upstream": "nginx",
+        "machine": {"date": "2026-01-01 00:00 UTC", "loadavg": [1.0, 1.0, 1.0]},
+    } | sat.summarize_apis(results, counts)
+    (tmp_path / "proxy_apis.json").write_text(json.dumps(doc))
+    out = tmp_path / "RESULTS.md"
+    render(results=tmp_path, out=out)
+    text = out.read_text()
+    section = text.split("### Every wire API beside nginx, with wrk", 1)[1]
+    table = section.split("Goals, for every API", 1)[0]
+    rows = {line.split(" | ")[0]: line for line in table.splitlines() if line.startswith("| ")}
+    chat = rows["| chat (`openai.chat`)"]
+    assert "+0.150 / +0.100 | ×1.50 |" in chat and "| 4 of 4 | 3 · 3 · 3 · 3 of 3 |" in chat
+    anthropic = rows["| anthropic (`anthropic.messages`)"]
+    assert "| ×3.00 |" in anthropic
+    assert "| 2 of 4 (not added p50, CPU per request) | 0 · 3 · 3 · 1 of 3 |" in anthropic
+    mixed = rows["| mixed: the five in turn"]
+    assert "| 0.40 / 0.20 | ×1.00 | 4 of 4 | 3 · 3 · 3 · 3 of 3 |" in mixed
+    # Against chat (paired): anthropic's CPU ×1.05, its added p50 ×2.00: not "no more".
+    against_chat = next(
+        line for line in section.splitlines() if line.startswith("| anthropic") and "no (" in line
+    )
+    assert "| ×1.05 | ×2.00 |" in against_chat and "no (added p50)" in against_chat
+    assert "| `anthropic.messages` 10,000 | 100 (1.00%) | 20 | 120 / 2 |" in section
+    assert "--apis chat,anthropic,mixed" in section

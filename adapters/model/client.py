@@ -28,8 +28,9 @@ Outcomes
     circuit) with one of :data:`OUTCOMES`: ``ok``; ``timeout`` (the client's timeout,
     or HTTP 408); ``rate_limited`` (429); ``server_error`` (5xx); ``client_error``
     (other 4xx, or a redirect, which is never followed so the key cannot leak);
-    ``invalid_response`` (a 2xx body that is not JSON, has the wrong shape, lacks
-    ``choices[i].message.content``, has non-string content, or is over
+    ``invalid_response`` (a 2xx body that is not JSON, is not a well-formed response
+    of its API (:meth:`~monitor.core.apis.base.WireApi.answers`: for chat, lacks
+    ``choices[i].message.content`` or has non-string content), or is over
     ``max_response_bytes``); ``connection_error``; ``circuit_open``.
 
 Retries
@@ -66,8 +67,8 @@ Circuit breaker
 request asks for ``n`` choices (missing choices, e.g. from a server that ignores ``n``,
 are topped up with single calls); otherwise ``n`` single calls run in parallel, bounded
 by ``concurrency``, and the first that fails for good cancels the rest. The caller
-abandons the item: partial samples are never returned. The API key is sent as a
-Bearer token and never appears in a message, a repr or a log.
+abandons the item: partial samples are never returned. The API key is sent the API's
+way and never appears in a message, a repr or a log.
 """
 
 from __future__ import annotations
@@ -155,7 +156,7 @@ class _CallError(Exception):
 
 
 class HttpModelClient:
-    """A :class:`~monitor.engine.ports.ModelClient` for one OpenAI-compatible endpoint."""
+    """A :class:`~monitor.engine.ports.ModelClient` for one endpoint, in any wire API."""
 
     def __init__(
         self,
@@ -271,8 +272,8 @@ class HttpModelClient:
         if n == 0:
             return []
         if api is None or (api.name == "openai.chat" and route is None):
-            return await self._sample(self._chat_body(request), n, _ChatCall(self))
-        call = _ApiCall(self, api, route)
+            return await self._sample(self._chat_body(request), n, _ChatCall())
+        call = _ApiCall(api, route)
         body = dict(request)
         if api.rules.model is not None and self._forward:
             body.setdefault(api.rules.model, self._model)
@@ -439,7 +440,7 @@ class _Call:
 class _ChatCall(_Call):
     """A chat-completions call to the base URL + ``/chat/completions``."""
 
-    def __init__(self, client: HttpModelClient) -> None:
+    def __init__(self) -> None:
         self.max_draws = 1 << 30
         self.path = "/chat/completions"
 
@@ -453,7 +454,7 @@ class _ChatCall(_Call):
 class _ApiCall(_Call):
     """A call in ``api``, by ``route``."""
 
-    def __init__(self, client: HttpModelClient, api: WireApi, route: Route | None) -> None:
+    def __init__(self, api: WireApi, route: Route | None) -> None:
         self.api = api
         self.max_draws = api.max_draws_per_call
         self.auth = api.auth

@@ -111,7 +111,8 @@ def _check_request(api: WireApi | None, request: Any) -> None:
 
 def served_answer(api: WireApi | None, response: Any) -> str | None:
     """The answer production served, from an event's ``response`` (the API's JSON, or
-    the text of its SSE stream); None when there is none or relmon cannot read it."""
+    the text of its SSE stream); None when it holds none relmon can read;
+    :class:`InputError` when it is neither a JSON object nor an SSE stream."""
     if response is None or api is None:
         return None
     if isinstance(response, str):

@@ -41,13 +41,7 @@ def json_response_text(body: bytes) -> str | None:
     Read by msgspec (the proxy reads it on its live path); what msgspec refuses and
     Python's json reads (NaN, a lone surrogate's escape, UTF-16) is read by json, so the
     text is the same either way."""
-    try:
-        doc = _decode(body)
-    except (msgspec.DecodeError, RecursionError):
-        try:
-            doc = json.loads(body)
-        except (ValueError, RecursionError):
-            return None
+    doc = _document(body)
     try:
         content = doc["choices"][0]["message"]["content"]
     except (KeyError, IndexError, TypeError):
@@ -126,7 +120,9 @@ def answer_text(body: bytes, headers: Mapping[str, str], api: WireApi | None = N
 
 
 def _document(body: bytes) -> Any:
-    """A JSON body, read as :func:`json_response_text` reads one; None when it is not."""
+    """A JSON body read by msgspec, or by json what msgspec refuses and json reads (NaN,
+    a lone surrogate's escape, UTF-16), so the document is the same either way; None when
+    it is not JSON."""
     try:
         return _decode(body)
     except (msgspec.DecodeError, RecursionError):

@@ -32,7 +32,6 @@ __all__ = [
     "WireApi",
     "is_text",
     "joined_text",
-    "last_path_segment",
     "require",
 ]
 
@@ -154,8 +153,3 @@ def is_text(value: object) -> bool:
     except UnicodeEncodeError:
         return False
     return True
-
-
-def last_path_segment(path: str) -> str:
-    """The path's last segment, trailing slashes ignored."""
-    return path.rstrip("/").rsplit("/", 1)[-1]

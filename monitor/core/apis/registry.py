@@ -28,7 +28,6 @@ __all__ = [
     "carried",
     "carried_headers",
     "get_api",
-    "standard_apis",
 ]
 
 DEFAULT_API: Final = "openai.chat"
@@ -74,17 +73,8 @@ def carried(route: Route, headers: Sequence[tuple[str, str]]) -> Route:
     if not wanted:
         return route
     given = {name.lower(): value for name, value in headers}
-    out = [
-        (name, given.get(name, default))
-        for name, default in wanted
-        if given.get(name, default) is not None
-    ]
-    return replace(route, headers=tuple((n, v) for n, v in out if v is not None))
-
-
-def standard_apis() -> tuple[WireApi, ...]:
-    """The APIs recognised by path alone (every one but ``generic``)."""
-    return _STANDARD
+    pairs = ((name, given.get(name, default)) for name, default in wanted)
+    return replace(route, headers=tuple((n, v) for n, v in pairs if v is not None))
 
 
 def api_for_path(path: str) -> WireApi | None:

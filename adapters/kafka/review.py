@@ -60,7 +60,7 @@ from adapters.kafka.connection import (
 )
 from monitor.core.errors import ConfigError, InputError
 from monitor.core.failures import internal_error
-from monitor.core.review import ReviewItem, Verdict, parse_verdict
+from monitor.core.review import ReviewItem, Verdict, parse_verdict, served_acceptable
 from monitor.engine.ports import CalibrationRecord, Judgement
 from monitor.engine.verdicts import calibration_record, ranks_beyond_candidates
 
@@ -168,7 +168,11 @@ class KafkaCalibrationStore:
     ``dead_lettered_verdicts`` (refused before, skipped). Malformed verdicts not yet
     dead-lettered are left in ``unreadable`` for the verdict consumer to dead-letter.
     ``score(item, verdict)`` turns a verdict into the item's score (e.g.
-    :func:`monitor.core.review.verdict_score` with the task's canonicalizer).
+    :func:`monitor.core.review.verdict_score` with the task's canonicalizer); its
+    ``served(item, verdict, score)``, when it has one (the service's
+    :class:`~monitor.engine.verdicts.VerdictScorer`), whether the verdict accepted the
+    served answer (else :func:`monitor.core.review.served_acceptable` without a
+    canonicalizer).
     ``dead_letter_topic`` is where refused verdicts go (replayed to know which).
     """
 
@@ -189,6 +193,9 @@ class KafkaCalibrationStore:
         self.dead_letter_topic = dead_letter_topic
         self.consumer_options = consumer_options
         self._score = score
+        self._served: Callable[[ReviewItem, Verdict, float], bool | None] = getattr(
+            score, "served", served_acceptable
+        )
         self._replay_timeout_s = replay_timeout_s
         self._items: dict[str, ReviewItem] = {}
         self._verdicted: set[str] = set()
@@ -263,8 +270,9 @@ class KafkaCalibrationStore:
                 self.invalid_records += 1
                 continue
             verdicted.add(verdict.item_id)
+            score = self._score(item, verdict)
             scored = calibration_record(
-                item, self._score(item, verdict), order=log_position(record)
+                item, score, order=log_position(record), served=self._served(item, verdict, score)
             )
             self._records.setdefault(item.item_id, scored)
             out.append(scored)

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 from adapters.postgres.leases import verdict_of
 from adapters.postgres.schema import SEQ_LOCK, VERDICT_CHANNEL
 from monitor.core.errors import InputError
-from monitor.core.review import ReviewItem
+from monitor.core.review import ReviewItem, served_acceptable
 from monitor.engine.ports import ExportedVerdict
 
 __all__ = ["VerdictExport"]
@@ -39,6 +39,7 @@ def _exported(row: Any) -> ExportedVerdict:
         k=item.k,
         inclusion_probability=float(row["inclusion_probability"]),
         sampled_at=float(row["sampled_at"]),
+        served_rank=item.served_rank,
     )
     return ExportedVerdict(
         item=item,
@@ -66,6 +67,7 @@ def _prepared(row: ExportedVerdict) -> tuple[Any, ...]:
         row.applied_at,
         row.aci_miss,
         json.dumps(item.to_json(), allow_nan=False, separators=(",", ":")),
+        served_acceptable(item, row.verdict, row.score),
     )
 
 
@@ -114,10 +116,11 @@ async def _import_one(conn: Any, values: tuple[Any, ...]) -> int | None:
     item_id, model, task = values[:3]
     seq = await conn.fetchval(
         "INSERT INTO records (item_id, model, task, score, inclusion_probability, "
-        "sampled_at, verdict, applied_at, seq, aci_miss) "
-        "SELECT $1, $2, $3, $4, $5, $6, $7, $8, coalesce(max(seq), 0) + 1, $9 "
+        "sampled_at, verdict, applied_at, seq, aci_miss, served_acceptable) "
+        "SELECT $1, $2, $3, $4, $5, $6, $7, $8, coalesce(max(seq), 0) + 1, $9, $10 "
         "FROM records ON CONFLICT (item_id) DO NOTHING RETURNING seq",
         *values[:9],
+        values[10],
     )
     if seq is None:
         return None

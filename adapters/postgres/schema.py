@@ -100,6 +100,12 @@ CREATE TABLE judgements (
 CREATE INDEX judgements_by_age ON judgements (sampled_at);
 """,
     ),
+    (
+        5,
+        """
+ALTER TABLE records ADD COLUMN served_acceptable BOOLEAN;
+""",
+    ),
 )
 """(version, SQL): applied in order; never edit one that has shipped, add the next."""
 SCHEMA_VERSION: Final = MIGRATIONS[-1][0]

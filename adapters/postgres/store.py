@@ -56,7 +56,8 @@ __all__ = ["PostgresStore", "diagnose"]
 
 _T = TypeVar("_T")
 _RECORD_COLUMNS: Final = (
-    "model, task, item_id, score, inclusion_probability, sampled_at, seq, aci_miss"
+    "model, task, item_id, score, inclusion_probability, sampled_at, seq, aci_miss, "
+    "served_acceptable"
 )
 
 
@@ -84,6 +85,9 @@ def _record(row: Any) -> CalibrationRecord:
         sampled_at=float(row["sampled_at"]),
         order=(int(row["seq"]),),
         aci_miss=None if row["aci_miss"] is None else bool(row["aci_miss"]),
+        served_acceptable=(
+            None if row["served_acceptable"] is None else bool(row["served_acceptable"])
+        ),
     )
 
 
@@ -255,8 +259,8 @@ class PostgresStore(ReviewPageTables, VerdictExport):
                     return None  # a page verdict held for the item counts first
                 seq = await conn.fetchval(
                     "INSERT INTO records (item_id, model, task, score, inclusion_probability, "
-                    "sampled_at, verdict, applied_at, seq, aci_miss) "
-                    "SELECT $1, $2, $3, $4, $5, $6, $7, $8, coalesce(max(seq), 0) + 1, $9 "
+                    "sampled_at, verdict, applied_at, seq, aci_miss, served_acceptable) "
+                    "SELECT $1, $2, $3, $4, $5, $6, $7, $8, coalesce(max(seq), 0) + 1, $9, $10 "
                     "FROM records ON CONFLICT (item_id) DO NOTHING RETURNING seq",
                     record.item_id,
                     record.model,
@@ -267,6 +271,7 @@ class PostgresStore(ReviewPageTables, VerdictExport):
                     verdict_json,
                     applied_at,
                     record.aci_miss,
+                    record.served_acceptable,
                 )
                 if seq is None:
                     return None

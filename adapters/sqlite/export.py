@@ -12,7 +12,7 @@ from typing import Any
 from adapters.sqlite.connection import SqliteConnection
 from adapters.sqlite.rows import aci_column, next_seq, score_column, verdict_from_json
 from monitor.core.errors import InputError
-from monitor.core.review import ReviewItem
+from monitor.core.review import ReviewItem, served_acceptable
 from monitor.engine.ports import ExportedVerdict
 
 __all__ = ["ExportedVerdict", "VerdictExport"]
@@ -60,6 +60,7 @@ class VerdictExport(SqliteConnection):
                 k=item.k,
                 inclusion_probability=float(prob),
                 sampled_at=float(sampled_at),
+                served_rank=item.served_rank,
             )
             out.append(
                 ExportedVerdict(
@@ -75,7 +76,9 @@ class VerdictExport(SqliteConnection):
     async def import_verdicts(self, rows: Sequence[ExportedVerdict]) -> tuple[int, int]:
         """Store exported verdicts with their items in one transaction; returns
         ``(imported, already present)``. An item that already has a verdict keeps it.
-        Imported verdicts are numbered after those present, in the order of ``rows``."""
+        Imported verdicts are numbered after those present, in the order of ``rows``.
+        Whether a verdict accepted the served answer is read from it and its item
+        (:func:`~monitor.core.review.served_acceptable`, without a canonicalizer)."""
         prepared = []
         for row in rows:
             if row.verdict.item_id != row.item.item_id:
@@ -86,17 +89,18 @@ class VerdictExport(SqliteConnection):
                     json.dumps(row.item.to_json(), allow_nan=False, separators=(",", ":")),
                     json.dumps(row.verdict.to_json(), separators=(",", ":")),
                     score_column(row.score),
+                    aci_column(served_acceptable(row.item, row.verdict, row.score)),
                 )
             )
 
         def insert(conn: sqlite3.Connection) -> tuple[int, int]:
             new = old = 0
-            for row, body, verdict, score in prepared:
+            for row, body, verdict, score, served in prepared:
                 item = row.item
                 cur = conn.execute(
                     "INSERT OR IGNORE INTO records (item_id, model, task, score, "
-                    "inclusion_probability, sampled_at, verdict, applied_at, seq, aci_miss) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "inclusion_probability, sampled_at, verdict, applied_at, seq, aci_miss, "
+                    "served_acceptable) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         item.item_id,
                         item.model,
@@ -108,6 +112,7 @@ class VerdictExport(SqliteConnection):
                         row.applied_at,
                         next_seq(conn),
                         aci_column(row.aci_miss),
+                        served,
                     ),
                 )
                 if cur.rowcount == 0:

@@ -50,11 +50,12 @@ def verdict_from_json(text: str) -> Verdict:
 
 
 def aci_column(miss: bool | None) -> int | None:
+    """A nullable flag (``aci_miss``, ``served_acceptable``) as SQLite stores it."""
     return None if miss is None else int(miss)
 
 
 def record_of(row: Sequence[Any]) -> CalibrationRecord:
-    model, task, item_id, score, prob, sampled_at, seq, miss = row
+    model, task, item_id, score, prob, sampled_at, seq, miss, served = row
     return CalibrationRecord(
         model=str(model),
         task=str(task),
@@ -64,10 +65,14 @@ def record_of(row: Sequence[Any]) -> CalibrationRecord:
         sampled_at=float(sampled_at),
         order=(int(seq),),
         aci_miss=None if miss is None else bool(miss),
+        served_acceptable=None if served is None else bool(served),
     )
 
 
-RECORD_COLUMNS = "model, task, item_id, score, inclusion_probability, sampled_at, seq, aci_miss"
+RECORD_COLUMNS = (
+    "model, task, item_id, score, inclusion_probability, sampled_at, seq, aci_miss, "
+    "served_acceptable"
+)
 
 
 def next_seq(conn: sqlite3.Connection) -> int:

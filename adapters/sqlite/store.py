@@ -15,7 +15,9 @@ Schema (version :data:`SCHEMA_VERSION`)::
             inclusion_probability REAL, sampled_at REAL, verdict TEXT (Verdict JSON),
             applied_at REAL,
             seq INTEGER UNIQUE  -- the order verdicts were applied in: 1, 2, 3, ...
-            aci_miss INTEGER  -- the verdict's ACI step: 1 miss, 0 covered, NULL none)
+            aci_miss INTEGER  -- the verdict's ACI step: 1 miss, 0 covered, NULL none
+            served_acceptable INTEGER  -- 1/0: the verdict accepted the served answer
+                                       -- or not; NULL: the item had none)
     leases(item_id TEXT PRIMARY KEY, holder TEXT, expires REAL,
            owner TEXT (the reviewer behind the holder, for the per-reviewer cap))
     held_verdicts(item_id TEXT PRIMARY KEY, verdict TEXT (Verdict JSON), held_at REAL,
@@ -34,6 +36,11 @@ the threshold served at the adaptive alpha_t when the item was scored. The servi
 restores alpha_t from these at a restart. Schema 1 and 2 files get the column with NULL
 for the verdicts they hold (no ACI step: those relmon versions restarted alpha_t at
 alpha anyway) and move to schema 3.
+
+``served_acceptable`` (added without changing the schema version, like the held
+verdicts' ``holder`` below: an older relmon ignores it) says whether the verdict accepted
+the answer production served; a file from before it gets the column with NULL for the
+verdicts it holds: no served answer, which those relmon versions never kept.
 
 Leases (:meth:`lease_next`) keep two reviewers from being handed the same item at the
 same time: an item leased to another holder and not yet expired is skipped; the holder
@@ -219,8 +226,8 @@ class SqliteStore(ReviewPageTables, VerdictExport):
             seq = next_seq(conn)
             cur = conn.execute(
                 "INSERT OR IGNORE INTO records (item_id, model, task, score, "
-                "inclusion_probability, sampled_at, verdict, applied_at, seq, aci_miss) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "inclusion_probability, sampled_at, verdict, applied_at, seq, aci_miss, "
+                "served_acceptable) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     record.item_id,
                     record.model,
@@ -232,6 +239,7 @@ class SqliteStore(ReviewPageTables, VerdictExport):
                     applied_at,
                     seq,
                     aci_column(record.aci_miss),
+                    aci_column(record.served_acceptable),
                 ),
             )
             if cur.rowcount == 0:

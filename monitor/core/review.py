@@ -4,6 +4,13 @@ A review item is what a reviewer sees: the item id, model, task, the (redacted) 
 the ranked candidates with their counts, K used and the inclusion probability. A
 verdict names the accepted candidate ranks, or says "none of these" with an optional
 correct answer; verdicts are idempotent by item id.
+
+**The served answer.** When production's answer is known, the item offers its class
+among the candidates, so that a verdict judges it (``served_rank``: its position). When
+the re-asks never drew that class (a changed re-ask), it is offered after the ranked
+candidates with count 0: outside the ranking, so it never changes the item's score
+(:func:`verdict_score` reads the ranked candidates only), and
+:func:`served_acceptable` tells whether the verdict accepted it.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ __all__ = [
     "parse_verdict",
     "reviewer_name_problem",
     "same_judgement",
+    "served_acceptable",
     "verdict_score",
 ]
 
@@ -70,6 +78,15 @@ def _reask_changes(raw: Any) -> dict[str, dict[str, Any]]:
     return {k: {kk: vv for kk, vv in v.items() if kk in ("from", "to")} for k, v in raw.items()}
 
 
+def _served_rank(raw: Any, candidates: int) -> int | None:
+    """A review item's ``served_rank`` (absent: no served answer, or an older item)."""
+    if raw is None:
+        return None
+    if isinstance(raw, bool) or not isinstance(raw, int) or not 1 <= raw <= candidates:
+        raise InputError("served_rank must be the position of one of the candidates")
+    return raw
+
+
 def _finite_or_inf(value: float) -> float | str:
     return value if math.isfinite(value) else "inf"
 
@@ -94,6 +111,10 @@ class ReviewItem:
     ``{"from": sent, "to": re-asked}`` (:mod:`monitor.core.reask`); shown to the reviewer."""
     api: str = "openai.chat"
     """The wire API of the production call (``monitor.core.apis``); shown to the reviewer."""
+    served_rank: int | None = None
+    """The position (1-based) in ``candidates`` of the class of the answer production
+    served; None when it is not known. A candidate of count 0 (last) is that class when
+    the re-asks never drew it: offered, never ranked. Not shown on the review page."""
 
     @classmethod
     def from_consensus(
@@ -110,13 +131,24 @@ class ReviewItem:
         aci_threshold: float | None = None,
         reask_changes: Mapping[str, Mapping[str, Any]] | None = None,
         api: str = "openai.chat",
+        served: str | None = None,
     ) -> ReviewItem:
+        """``served``: the served answer's class as shown (redacted like the candidates):
+        one of ``consensus.classes``, or offered after them with count 0."""
+        candidates = tuple(zip(consensus.classes, consensus.counts, strict=True))
+        served_rank = None
+        if served is not None:
+            if served in consensus.classes:
+                served_rank = consensus.classes.index(served) + 1
+            else:
+                candidates += ((served, 0),)
+                served_rank = len(candidates)
         return cls(
             item_id=item_id,
             model=model,
             task=task,
             query=query,
-            candidates=tuple(zip(consensus.classes, consensus.counts, strict=True)),
+            candidates=candidates,
             k=consensus.k,
             inclusion_probability=inclusion_probability,
             sampled_at=sampled_at,
@@ -124,11 +156,14 @@ class ReviewItem:
             aci_threshold=aci_threshold,
             reask_changes=dict(reask_changes or {}),
             api=api,
+            served_rank=served_rank,
         )
 
     @property
     def consensus(self) -> Consensus:
-        return Consensus(tuple(c for c, _ in self.candidates), tuple(n for _, n in self.candidates))
+        """The ranked candidates (an unranked served candidate, count 0, left out)."""
+        ranked = [(c, n) for c, n in self.candidates if n > 0]
+        return Consensus(tuple(c for c, _ in ranked), tuple(n for _, n in ranked))
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -145,6 +180,8 @@ class ReviewItem:
             d["reask_changes"] = {k: dict(v) for k, v in self.reask_changes.items()}
         else:
             del d["reask_changes"]
+        if self.served_rank is None:
+            del d["served_rank"]
         return d
 
     @classmethod
@@ -168,6 +205,7 @@ class ReviewItem:
                 ),
                 reask_changes=_reask_changes(d.get("reask_changes")),
                 api=str(d.get("api") or "openai.chat"),  # items before the fourth round
+                served_rank=_served_rank(d.get("served_rank"), len(d["candidates"])),
             )
         except (KeyError, TypeError, ValueError, OverflowError) as exc:  # Overflow: Infinity
             raise InputError(f"malformed review item: {exc}") from None
@@ -307,6 +345,38 @@ def verdict_score(
     if verdict.correct_answer is not None and canonicalizer is not None:
         return rank_score(consensus, [canonicalizer.canonicalize(verdict.correct_answer, context)])
     return math.inf
+
+
+def served_acceptable(
+    item: ReviewItem,
+    verdict: Verdict,
+    score: float,
+    canonicalizer: Canonicalizer | None = None,
+    context: QueryContext | None = None,
+) -> bool | None:
+    """Whether ``verdict`` (which gave the item ``score``) accepted the class of the answer
+    production served; None when the item has no served answer.
+
+    Accepted ranks accept it when they name its candidate. A "none of these" with a
+    correct answer accepts it when that answer is its class: for a ranked class, when the
+    score is its rank (the answer matched it); for the unranked one, by ``canonicalizer``
+    (none: not accepted). ``<INVALID>`` is never acceptable.
+    """
+    rank = item.served_rank
+    if rank is None:
+        return None
+    served, count = item.candidates[rank - 1]
+    if served == INVALID:
+        return False
+    if verdict.accepted_ranks:
+        return rank in verdict.accepted_ranks
+    if verdict.correct_answer is None:
+        return False
+    if count > 0:
+        return score == rank
+    if canonicalizer is None:
+        return False
+    return canonicalizer.canonicalize(verdict.correct_answer, context) == served
 
 
 def aci_miss(item: ReviewItem, score: float) -> bool | None:

@@ -28,6 +28,13 @@ successes), capped at the level: after a long pause without verdicts the items' 
 fade against the test point's w*, the level falls towards 0 (the calibration is stale),
 and a lower bound above the level would claim more than the level itself, so the bound
 falls with it.
+
+**The served answer.** A verdict may also say whether the answer production served was
+acceptable (``served``: True or False; None when the item had none). Over the items
+that have one, the window keeps the same exact sums, and the snapshot's
+:class:`ServedSnapshot` gives Σ w·1{served acceptable} / Σ w with the level's weights
+(decay and 1/pi; no test point: it is a share of the reviewed items, not a conformal
+level) and the one-sided Clopper–Pearson bound from those items' effective counts.
 """
 
 from __future__ import annotations
@@ -40,7 +47,7 @@ from dataclasses import dataclass
 from monitor.core.conformal import reliability_lower_bound
 from monitor.core.errors import ConfigError, InputError
 
-__all__ = ["CalibrationWindow", "OrderKey", "WindowSnapshot"]
+__all__ = ["CalibrationWindow", "OrderKey", "ServedSnapshot", "WindowSnapshot"]
 
 OrderKey = tuple[int, ...]
 """A verdict's persisted position in the window order (compared as a tuple)."""
@@ -57,12 +64,26 @@ def _fixed(x: float) -> int:
 
 
 @dataclass(frozen=True, slots=True)
+class ServedSnapshot:
+    """The served answers of the window's reviewed items that have one."""
+
+    n: int
+    n_eff: float
+    acceptable_ratio: float
+    """Σ w·1{served answer acceptable} / Σ w, with the level's weights."""
+    lower_bound: float
+    """One-sided Clopper–Pearson lower bound (at the window's delta) from n_eff items."""
+
+
+@dataclass(frozen=True, slots=True)
 class WindowSnapshot:
     n: int
     n_eff: float
     reliability_level: float
     reliability_lower_bound: float
     thresholds: dict[float, float]
+    served: ServedSnapshot | None = None
+    """None while no item of the window has a served answer."""
 
     @property
     def alpha_star(self) -> float:
@@ -77,6 +98,7 @@ class _Entry:
     pi: float
     key: OrderKey
     stored: float = 0.0  # 2^((t - t_ref)/h) / pi (summed exactly, in fixed point)
+    served: bool | None = None  # the served answer acceptable; None: the item had none
 
 
 class CalibrationWindow:
@@ -109,6 +131,7 @@ class CalibrationWindow:
         self._heap: list[tuple[OrderKey, str]] = []  # min-heap on the order key
         self._mass: dict[float, int] = {}
         self._sum_sq = 0  # fixed point squared: units of 2^-(2 * _FIXED_BITS)
+        self._served = [0, 0, 0, 0]  # items, Σw, Σw·1{acceptable}, Σw² (fixed point)
         self._t_ref = 0.0
         self._t_max = -math.inf
         self._arrivals = 0
@@ -142,6 +165,12 @@ class CalibrationWindow:
         if self._mass[e.score] == 0:
             del self._mass[e.score]
         self._sum_sq += sign * exact * exact
+        if e.served is not None:
+            served = self._served
+            served[0] += sign
+            served[1] += sign * exact
+            served[2] += sign * exact * e.served
+            served[3] += sign * exact * exact
 
     def _retarget(self, t_max: float) -> None:
         """Move to the reference time of ``t_max``; recompute every stored weight."""
@@ -150,7 +179,7 @@ class CalibrationWindow:
         if t_ref == self._t_ref:
             return
         self._t_ref = t_ref
-        self._mass, self._sum_sq = {}, 0
+        self._mass, self._sum_sq, self._served = {}, 0, [0, 0, 0, 0]
         for e in self._entries.values():
             e.stored = self._stored(e.t, e.pi)
             self._account(e, +1)
@@ -165,12 +194,14 @@ class CalibrationWindow:
         t: float,
         *,
         order: OrderKey | None = None,
+        served: bool | None = None,
     ) -> bool:
         """Add a scored verdict; False (and nothing changes) if ``item_id`` is held.
 
         ``order`` is the verdict's persisted order key (default: after everything added
         so far). A verdict earlier in order than every item of a full window is not
-        held (it would be the one evicted): True, and nothing changes.
+        held (it would be the one evicted): True, and nothing changes. ``served``:
+        whether the verdict accepted the answer production served (None: none known).
         """
         if item_id in self._entries:
             return False
@@ -186,7 +217,7 @@ class CalibrationWindow:
             return True
         if t > self._t_max:
             self._retarget(t)
-        entry = _Entry(item_id, score, t, inclusion_probability, key)
+        entry = _Entry(item_id, score, t, inclusion_probability, key, served=served)
         self._entries[item_id] = entry
         heapq.heappush(self._heap, (key, item_id))
         entry.stored = self._stored(t, inclusion_probability)
@@ -246,6 +277,20 @@ class CalibrationWindow:
             reliability_level=level,
             reliability_lower_bound=bound,
             thresholds=thresholds,
+            served=self._served_snapshot(),
+        )
+
+    def _served_snapshot(self) -> ServedSnapshot | None:
+        """The served answers' weighted share and bound (their weights' common decay
+        factor cancels: the same at any ``now``)."""
+        count, total, good, sum_sq = self._served
+        if count <= 0 or total <= 0:
+            return None
+        ratio = min(1.0, good / total)
+        n_eff = (total * total) / sum_sq  # exact integers: no underflow, no overflow
+        bound = reliability_lower_bound(ratio * n_eff, n_eff, self.delta)
+        return ServedSnapshot(
+            n=count, n_eff=n_eff, acceptable_ratio=ratio, lower_bound=min(bound, ratio)
         )
 
 

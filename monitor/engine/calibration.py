@@ -142,7 +142,9 @@ class Calibration:
             self._publish_window(model, name, state)
 
     def _publish_window(self, model: str, name: str, state: WindowState) -> None:
-        self.metrics.publish(model, name, self.snapshot(model, name), self.tasks[name].alphas)
+        snapshot = self.snapshot(model, name)
+        self.metrics.publish(model, name, snapshot, self.tasks[name].alphas)
+        self.metrics.served.publish(model, name, snapshot.served)
         self.metrics.review_queue_depth.labels(model, name).set(state.pending_reviews)
         now = self.clock.time()
         if state.judged is not None and now - state.ppi_at >= PPI_EVERY_S:
@@ -213,6 +215,7 @@ class Calibration:
             record.inclusion_probability,
             record.sampled_at,
             order=record.order or None,
+            served=record.served_acceptable,
         )
         if added:
             self._update_alarm(state, record.score, record.inclusion_probability)
@@ -249,14 +252,17 @@ class Calibration:
             self.metrics.reviews.labels(item.model, item.task, "invalid").inc()
             return VerdictOutcome("invalid", reason="accepted rank beyond the candidates")
         score = self.scorer(item, verdict)
+        served = self.scorer.served(item, verdict, score)
         state = self.state(item.model, task)
-        order = await self.store.save_record(calibration_record(item, score), verdict)
+        order = await self.store.save_record(
+            calibration_record(item, score, served=served), verdict
+        )
         if order is None:
             # The item keeps its first verdict: answer with the score that one gave.
             stored = await self.store.get_record(item.item_id)
             self.metrics.reviews.labels(item.model, item.task, "duplicate").inc()
             return VerdictOutcome("duplicate", score=score if stored is None else stored.score)
-        record = calibration_record(item, score, order=order)
+        record = calibration_record(item, score, order=order, served=served)
         if item.item_id not in state.window:  # else a shared store's follower, woken by
             # the store's notice of this very verdict, applied (and counted) it already
             self._applied(state, item, verdict, record, task)

@@ -28,6 +28,7 @@ from prometheus_client.registry import Collector
 from monitor.core.apis.registry import API_NAMES
 from monitor.core.ppi import PPIEstimate
 from monitor.core.window import WindowSnapshot
+from monitor.engine.served import ServedAnswerMetrics
 
 __all__ = [
     "ITEM_OUTCOMES",
@@ -131,7 +132,7 @@ class Metrics:
     """Every relmon metric, in groups: the calibration (level, bound, thresholds), the
     items (sets, samples, durations, model calls), traffic and reviews, the live checks
     and health (SLI, coverage, alarm, breaker, sources), the budget (its use, the items
-    waiting) and the judge."""
+    waiting), the judge and the served answer (``served``)."""
 
     def __init__(self, registry: CollectorRegistry, *, k_max: int = 20) -> None:
         self._calibration_metrics(registry)
@@ -140,6 +141,7 @@ class Metrics:
         self._check_and_health_metrics(registry)
         self._budget_metrics(registry)
         self._judge_metrics(registry)
+        self.served = ServedAnswerMetrics(registry)
 
     def _judge_metrics(self, registry: CollectorRegistry) -> None:
         """Judge-assisted calibration (``tasks[].judge``): absent for tasks without one."""
@@ -434,6 +436,7 @@ class Metrics:
         self.reliability_alarm.labels(model, task)
         self.circuit_open.labels(model, task)
         self.review_submit_failures.labels(model, task)
+        self.served.init(model, task)
 
     def init_judge(self, model: str, task: str) -> None:
         """A judged task's label counters at 0."""

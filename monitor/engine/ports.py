@@ -176,6 +176,10 @@ class CalibrationRecord:
     """The verdict's ACI step: did the score exceed the threshold served at alpha_t when
     the item was scored (:attr:`monitor.core.review.ReviewItem.aci_threshold`)? ``None``: the
     item had no ACI threshold, no step. Persisted so that a restart restores alpha_t."""
+    served_acceptable: bool | None = None
+    """Whether the verdict accepted the class of the answer production served
+    (:func:`monitor.core.review.served_acceptable`); ``None``: the item had no served
+    answer (and every record stored before relmon kept this). Persisted with the record."""
 
 
 @dataclass(frozen=True, slots=True)

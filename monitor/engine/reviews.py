@@ -1,9 +1,16 @@
 """Review routing: a scored item chosen for review becomes a review item, redacted,
-written durably to the review queue (retried), and counted as waiting."""
+written durably to the review queue (retried), and counted as waiting.
+
+The served answer's class is always among the item's candidates (so that the verdict
+judges it): its rank when the re-asks drew it, else offered after the ranked candidates
+with count 0, never ranked (:class:`monitor.core.review.ReviewItem`). Which candidate it
+is stays in the item's data (``served_rank``); the review page does not mark it, so that
+"what the user saw" does not anchor the reviewer (docs/review.md)."""
 
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable
 
 import structlog
@@ -61,19 +68,36 @@ class ReviewRouter:
         """The review item of ``job``: redacted query and candidates, the thresholds in
         force now (the live check of the guarantee compares its score with them)."""
         task = job.task
+        shown, served = self._shown(consensus, job.served)
         return ReviewItem.from_consensus(
             item_id=job.item_id,
             model=task.model,
             task=task.name,
             query=self.redactor.redact(query_text(job.event.request, job.task.api(job.event))),
-            consensus=self.redactor.redact_consensus(consensus),
+            consensus=shown,
             inclusion_probability=inclusion_probability,
             sampled_at=job.sampled_at,
             thresholds=thresholds,
             aci_threshold=aci_threshold,
             reask_changes=job.reask_changes,
             api=job.event.api,
+            served=served,
         )
+
+    def _shown(self, consensus: Consensus, served: str | None) -> tuple[Consensus, str | None]:
+        """The candidates as the reviewer sees them (redacted, distinct), and the served
+        class as shown: its candidate's text, or its own (told apart from the candidates'
+        as two candidates that redact alike are) when the re-asks never drew it."""
+        if served is None:
+            return self.redactor.redact_consensus(consensus), None
+        rank = consensus.rank(served)
+        if math.isfinite(rank):
+            shown = self.redactor.redact_consensus(consensus)
+            return shown, shown.classes[int(rank) - 1]
+        counts = (*consensus.counts, 1)  # a count for the redaction only, never shown
+        both = self.redactor.redact_consensus(Consensus((*consensus.classes, served), counts))
+        shown = Consensus(both.classes[:-1], consensus.counts)
+        return shown, both.classes[-1]
 
     async def route(self, item: ReviewItem) -> bool:
         """Store and publish ``item``; False (counted, logged) if it could not be written."""

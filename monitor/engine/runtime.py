@@ -162,6 +162,10 @@ class Job:
     done: asyncio.Future[None]
     reask_changes: dict[str, dict[str, Any]] = field(default_factory=dict)
     """How the re-ask differs from the request production sent (set by the worker)."""
+    served: str | None = None
+    """The class of the answer production served (set by the worker; None: unknown)."""
+    served_drawn: bool = False
+    """Whether that answer was one of the item's draws (the re-ask was the request)."""
 
     @property
     def item_id(self) -> str:

@@ -2,7 +2,8 @@
 
 A verdict scores its review item (:func:`monitor.core.review.verdict_score`: the
 smallest accepted rank, ``inf`` for none); the record carries that score with the item's
-model, task, inclusion probability, sampling time and ACI step. The service applies it
+model, task, inclusion probability, sampling time, ACI step and whether it accepted the
+served answer (:func:`monitor.core.review.served_acceptable`). The service applies it
 live; the Kafka store replays it from the topics at a restart; both call
 :func:`calibration_record` with a :class:`VerdictScorer`, so the two cannot differ.
 """
@@ -13,7 +14,13 @@ from collections.abc import Mapping
 
 from monitor.core.canon.base import QueryContext
 from monitor.core.redaction import Redactor
-from monitor.core.review import ReviewItem, Verdict, aci_miss, verdict_score
+from monitor.core.review import (
+    ReviewItem,
+    Verdict,
+    aci_miss,
+    served_acceptable,
+    verdict_score,
+)
 from monitor.engine.ports import CalibrationRecord
 from monitor.engine.runtime import TaskRuntime
 
@@ -38,12 +45,25 @@ class VerdictScorer:
         canonicalizer = self._redactor.for_verdicts(task.sync_canonicalizer if task else None)
         return verdict_score(item, verdict, canonicalizer, QueryContext(query=item.query))
 
+    def served(self, item: ReviewItem, verdict: Verdict, score: float) -> bool | None:
+        """Whether ``verdict`` (scoring the item ``score``) accepted the served answer's
+        class, a typed correct answer canonicalized as for the score."""
+        task = self._tasks.get(item.task)
+        canonicalizer = self._redactor.for_verdicts(task.sync_canonicalizer if task else None)
+        context = QueryContext(query=item.query)
+        return served_acceptable(item, verdict, score, canonicalizer, context)
+
 
 def calibration_record(
-    item: ReviewItem, score: float, *, order: tuple[int, ...] = ()
+    item: ReviewItem,
+    score: float,
+    *,
+    order: tuple[int, ...] = (),
+    served: bool | None = None,
 ) -> CalibrationRecord:
     """The calibration record of ``item`` scored ``score`` (``order``: its persisted
-    position among the verdicts, ``()`` before it is saved)."""
+    position among the verdicts, ``()`` before it is saved; ``served``: whether the
+    verdict accepted the served answer, :meth:`VerdictScorer.served`)."""
     return CalibrationRecord(
         model=item.model,
         task=item.task,
@@ -53,4 +73,5 @@ def calibration_record(
         sampled_at=item.sampled_at,
         order=order,
         aci_miss=aci_miss(item, score),
+        served_acceptable=served if item.served_rank is not None else None,
     )

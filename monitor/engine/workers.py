@@ -5,6 +5,13 @@ current thresholds, and with the item's inclusion probability sends it to review
 An item whose model calls fail is abandoned and counted, never scored on partial data;
 an item a stop interrupts is counted as interrupted. Every item settles its reserved
 budget with the calls it used and resolves its ``done`` future.
+
+**The served answer** (the event's ``response_text``: what production answered) goes
+through the same redaction and canonicalization as the re-asks' answers. When the
+re-ask is the production request unchanged (no field dropped, raised or set, the same
+model), it is a draw of the same distribution: the first one, which the stopping rule
+sees, so the re-asks make one draw fewer (the budget settles the calls made, not the
+draws). Otherwise its class is only offered for review, outside the ranking.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from dataclasses import replace
 
 import structlog
 
+from monitor.core.apis.base import Route, WireApi
 from monitor.core.apis.registry import carried
 from monitor.core.canon.base import QueryContext, per_answer
 from monitor.core.certify import item_rng
@@ -182,16 +190,18 @@ class WorkerPool:
         self.stats.interrupted += 1
         log.warning("item_interrupted", item=job.item_id, task=job.task.name, model=model)
 
-    async def _sample(self, job: Job) -> tuple[list[str], list[str]]:
-        """The raw answers and their classes. With redaction before canonicalization
-        (:meth:`Redactor.redacts_before`) the canonicalizer sees only redacted answers and
-        a redacted query, so no secret reaches it, a judge model or a class."""
+    async def _sample(self, job: Job) -> tuple[int, list[str]]:
+        """The model calls made and the classes of the item's draws (the served answer
+        first when it is one: :func:`served_is_draw`). With redaction before
+        canonicalization (:meth:`Redactor.redacts_before`) the canonicalizer sees only
+        redacted answers and a redacted query, so no secret reaches it, a judge model or
+        a class. Sets ``job.served``: the served answer's class, if any."""
         task, event = job.task, job.event
         api = task.api(event)
         redact = self.redactor.redacts_before(task.canonicalizer)
         query = api.query(event.request)
         context = QueryContext(query=self.redactor.redact(query) if redact else query)
-        answers: list[str] = []
+        calls = 0
         seen: list[str] = []  # what the canonicalizer is given
         redacted: dict[str, str] = {}
         classes: list[str] = []
@@ -204,10 +214,15 @@ class WorkerPool:
         job.reask_changes = reask.changes
         for name in reask.changes:
             self.metrics.reask_overrides.labels(task.model, task.name, name).inc()
-        decision = task.rule.decide([])
+        served = event.response_text
+        drawn = served is not None and served_is_draw(job, api, route)
+        if drawn and served is not None:
+            seen.append(self.redactor.redact_all([served], redacted)[0] if redact else served)
+            classes = await canon.canonicalize_many(seen, context)
+        decision = task.rule.decide(Counter(classes).values())
         while not decision.stop:
             batch = await task.client.sample(reask.body, decision.more, api=api, route=route)
-            answers.extend(batch)
+            calls += len(batch)
             seen.extend(self.redactor.redact_all(batch, redacted) if redact else batch)
             self.stats.calls += decision.more
             await _yield()
@@ -217,7 +232,15 @@ class WorkerPool:
                 classes = await canon.canonicalize_many(seen, context)
             decision = task.rule.decide(Counter(classes).values())
             await _yield()
-        return answers, classes
+        job.served_drawn = drawn
+        if drawn:
+            job.served = classes[0]
+        elif served is not None:
+            answer = self.redactor.redact_all([served], redacted)[0] if redact else served
+            job.served = await _served_class(
+                job, answer, seen=seen, classes=classes, context=context
+            )
+        return calls, classes
 
     async def _process(self, job: Job) -> None:
         task, event = job.task, job.event
@@ -226,7 +249,7 @@ class WorkerPool:
         used = 0
         try:
             try:
-                answers, classes = await self._sample(job)
+                used, classes = await self._sample(job)
             except asyncio.CancelledError:  # stopped before the item was finished
                 self._interrupted(job)
                 raise
@@ -237,7 +260,6 @@ class WorkerPool:
                     "item_abandoned", item=job.item_id, task=task.name, model=model, error=str(exc)
                 )
                 return
-            used = len(answers)
             rng = item_rng(self.seed, item_seed_key(task.name, event.id))
             consensus = rank_classes(classes, rng)
             pi = task.inclusion_probability(consensus)
@@ -295,6 +317,8 @@ class WorkerPool:
             aci_threshold = state.window.threshold_at(state.aci_alpha, self.clock.time())
             sizes[task.target_alpha] = set_size(consensus, "rank", aci_threshold)
         self.metrics.samples_per_item.labels(model, task.name).observe(consensus.k)
+        if job.served is not None:
+            self.metrics.served.count(model, task.name, top=job.served == consensus.mode)
         self.metrics.set_size.labels(model, task.name).observe(sizes[task.target_alpha])
         self.metrics.items.labels(model, task.name, "scored").inc()
         self.metrics.item_duration.labels(model, task.name).observe(
@@ -342,6 +366,46 @@ class WorkerPool:
             margin=round(consensus.margin, 3),
             set_size=set_size_served,
             reviewed=reviewed,
+            served=(
+                None if job.served is None else "top" if job.served == consensus.mode else "other"
+            ),
+            served_drawn=job.served_drawn,
             seconds=round(self.clock.monotonic() - started, 3),
             **({"answer": consensus.classes[0]} if self.log_prompts else {}),
         )
+
+
+def served_is_draw(job: Job, api: WireApi, route: Route) -> bool:
+    """Whether the served answer is one of the item's draws: the re-ask is the production
+    request unchanged (no field dropped, raised or set; relmon's own ``n`` and ``stream``
+    aside) and goes to the model production asked (a task's ``endpoint.model`` that
+    differs shows in the changes, or, where the model is in the path, in the route)."""
+    if job.event.response_text is None or job.reask_changes:
+        return False
+    model = job.task.settings.endpoint.model
+    if model is None or api.rules.model is not None:
+        return True
+    try:
+        production = api.route(job.event.request, job.event.path, None)
+    except InputError:  # no model of its own: only the task's
+        return False
+    return production.path == route.path
+
+
+async def _served_class(
+    job: Job, answer: str, *, seen: list[str], classes: list[str], context: QueryContext
+) -> str | None:
+    """The class of a served answer that is not a draw (``answer``, redacted if the draws
+    were). A joint canonicalizer groups it with the draws (their classes stay as ranked):
+    the class of the first draw grouped with it, else its own. None (logged) when it
+    cannot be canonicalized: the item goes on without a served answer."""
+    canon = job.task.canonicalizer
+    try:
+        if per_answer(canon):
+            return (await canon.canonicalize_many([answer], context))[0]
+        joint = await canon.canonicalize_many([*seen, answer], context)
+    except (ModelCallError, InputError) as exc:
+        log.warning("served_answer_not_canonicalized", item=job.item_id, error=str(exc))
+        return None
+    mates = [c for c, j in zip(classes, joint, strict=False) if j == joint[-1]]
+    return mates[0] if mates else joint[-1]

@@ -35,6 +35,7 @@ __all__ = [
     "Relmon",
     "api_task",
     "gemini_client",
+    "reask_calls",
     "relmon",
     "review_item",
     "rid",
@@ -146,6 +147,14 @@ async def relmon(
         yield Relmon(running, f"http://127.0.0.1:{port}", state)
     finally:
         await running.close(5.0)
+
+
+def reask_calls(item: ReviewItem) -> int:
+    """The re-asks ``item`` made: its K draws, but for the served answer when it was one
+    of them (it was known and the re-ask was the production request unchanged: no field
+    dropped, raised or set, DESIGN.md §6)."""
+    drawn = item.served_rank is not None and not item.reask_changes
+    return item.k - int(drawn)
 
 
 def rid(request_id: str) -> dict[str, str]:

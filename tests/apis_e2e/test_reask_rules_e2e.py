@@ -29,6 +29,7 @@ from tests.apis_e2e.conftest import (
     Relmon,
     api_task,
     gemini_client,
+    reask_calls,
     relmon,
     review_item,
     rid,
@@ -62,7 +63,7 @@ async def reasks_of(
     (every call carrying the task's key; one item a test)."""
     item = await review_item(r.running, task, request_id)
     got = up.received(key=TASK_KEYS[task])
-    assert len(got) == item.k >= 3
+    assert len(got) == reask_calls(item) and item.k >= 3
     return item, got
 
 
@@ -342,7 +343,7 @@ async def test_conversation_and_server_tools_are_not_reasked_unless_allowed(
         item = await review_item(r.running, "search-ok", "ok-web")
         await r.running.sync_traffic()
         reasks = upstream.received(key="task-key-search-ok-0007")
-        assert len(reasks) == item.k >= 3
+        assert len(reasks) == reask_calls(item) and item.k >= 3
         assert all(g.body["tools"] == [{"type": "web_search"}] for g in reasks)
         for task in ("responses", "messages", "gemini"):
             assert upstream.received(key=TASK_KEYS[task]) == [], f"{task} was re-asked"
@@ -481,7 +482,8 @@ async def test_a_generic_agent_request_is_resent_as_it_is(
     assert item.candidates[0] == ("cairo", item.k)  # the text canonicalizer's class
     assert item.reask_changes == {}
     reasks = upstream.received(key=TASK_KEYS["agent"])
-    assert len(reasks) == item.k >= 3
+    assert item.served_rank == 1  # the agent's answer, one of the draws: one re-ask fewer
+    assert len(reasks) == reask_calls(item) == item.k - 1 and item.k >= 3
     for got in reasks:
         assert (got.method, got.path, got.query) == ("POST", "/agent/ask", "")
         assert got.body == body  # as it is: no field dropped, raised or added

@@ -1,10 +1,11 @@
 """``relmon demo``: everything on one machine with embedded defaults.
 
 A simulated OpenAI-compatible model (arithmetic with ground truth and a drift event),
-a traffic generator mirroring requests to relmon, an automatic reviewer answering
+a traffic generator whose requests go through relmon's inline proxy to that model (so
+relmon sees the answer each request was served), an automatic reviewer answering
 review items from the ground truth, and the service itself, on the default ports
 (9108 metrics, 9109 review API and page, 9110 traffic), all on 127.0.0.1. A one-line
-summary prints every few seconds.
+summary prints every few seconds (the served answers' acceptable share at its end).
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ MODEL = "sim-arith-1"
 def demo_settings(
     model_url: str, state_dir: Path, *, metrics_port: int, review_port: int, traffic_port: int
 ) -> Settings:
+    """The demo's settings: the traffic port proxies to the simulated model (its origin)."""
+    origin = model_url.split("/v1", 1)[0]
     return load_settings(
         None,
         tasks=[
@@ -59,7 +62,7 @@ def demo_settings(
         ],
         metrics={"port": metrics_port},
         review={"port": review_port},
-        traffic={"port": traffic_port, "mode": "mirror"},
+        traffic={"port": traffic_port, "mode": "proxy", "upstream_url": origin},
         budget={"calls_per_minute": 20_000, "max_in_flight": 8, "queue_size": 256},
         state_dir=state_dir,
         log_format="json",
@@ -87,11 +90,17 @@ def _summary(running: Running, started: float, model: SimulatedModel) -> str:
         if snap.n > 0
         else f"reliability=no verdicts yet (target {target:g})"
     )
+    # What users saw: the served answers' acceptable share (proxy traffic carries them).
+    served = (
+        f"  served={snap.served.acceptable_ratio:.3f} (lower bound {snap.served.lower_bound:.3f})"
+        if snap.served is not None
+        else ""
+    )
     return (
         f"t={time.monotonic() - started:5.0f}s  {level}  "
         f"M*@{alpha:.2f}={m_text}  "
         f"n={snap.n} n_eff={snap.n_eff:.0f}  items={stats.scored} reviewed={stats.verdicts} "
-        f"calls={stats.calls}  model={'DRIFTED' if model.drifted else 'ok'}"
+        f"calls={stats.calls}  model={'DRIFTED' if model.drifted else 'ok'}{served}"
     )
 
 

@@ -1,4 +1,9 @@
-"""Demo traffic: questions from the bank, mirrored to relmon at a steady rate."""
+"""Demo traffic: questions from the bank, sent through relmon's proxy at a steady rate.
+
+Through the proxy relmon sees the answer each request got (the served answer). The
+requests name their ``temperature`` and ``max_tokens``, as clients usually do, so the
+re-ask is the request unchanged: the served answer is one of the K draws (one call
+fewer an item), and its class is judged with the rest."""
 
 from __future__ import annotations
 
@@ -14,8 +19,13 @@ from monitor.app.demo.model import QuestionBank
 __all__ = ["generate_traffic"]
 
 
+TEMPERATURE = 0.7
+"""The demo clients' temperature (at least the task's ``reask.min_temperature``)."""
+MAX_TOKENS = 64
+
+
 async def generate_traffic(
-    mirror_url: str,
+    url: str,
     bank: QuestionBank,
     *,
     rate_per_s: float = 5.0,
@@ -24,7 +34,8 @@ async def generate_traffic(
     stop: asyncio.Event,
     seed: int = 3,
 ) -> int:
-    """POST chat requests to the mirror endpoint until ``stop``; returns how many were sent."""
+    """POST chat requests to relmon's traffic port (``url``) until ``stop``; returns how
+    many were answered (202 from a mirror, 2xx from the proxy)."""
     rng = random.Random(seed)
     sent = 0
     timeout = aiohttp.ClientTimeout(total=5)
@@ -33,12 +44,17 @@ async def generate_traffic(
             if stop.is_set():
                 break
             question, _ = rng.choice(bank.questions)
-            body = {"model": model, "messages": [{"role": "user", "content": question}]}
+            body = {
+                "model": model,
+                "messages": [{"role": "user", "content": question}],
+                "temperature": TEMPERATURE,
+                "max_tokens": MAX_TOKENS,
+            }
             headers = {"X-Relmon-Task": task, "X-Request-Id": f"demo-{seed}-{i}"}
             try:
-                async with session.post(mirror_url, json=body, headers=headers) as resp:
+                async with session.post(url, json=body, headers=headers) as resp:
                     await resp.read()
-                    sent += resp.status == 202
+                    sent += 200 <= resp.status < 300
             except (aiohttp.ClientError, TimeoutError):
                 pass  # relmon restarting; the live path would not notice either
             with contextlib.suppress(TimeoutError):

@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import benchlib
+from pgcluster import running_cluster
 
 from adapters.postgres.store import PostgresStore
 from adapters.sqlite.store import SqliteStore
@@ -47,7 +48,6 @@ from monitor.engine.follower import VerdictFollower
 from monitor.engine.metrics import Metrics
 from monitor.engine.service import MonitorService, TaskRuntime
 from monitor.testing import FakeModelClient
-from tests.postgres import running_cluster
 
 MODEL, TASK = "sim-1", "arith"
 
@@ -246,15 +246,11 @@ def main() -> None:
     if args.quick:
         args.verdicts, args.latency, args.polled = 100, 20, 2
     start_machine = benchlib.machine()
-    cluster_gen = running_cluster()
-    cluster = next(cluster_gen)
-    try:
+    with running_cluster() as cluster:  # stopped and removed on the way out
         dsn = cluster.create_database("relmon_bench")
         with tempfile.TemporaryDirectory() as tmp:
             sqlite = asyncio.run(_sqlite(Path(tmp) / "relmon.sqlite3", args))
         postgres = asyncio.run(_postgres(dsn, args))
-    finally:
-        cluster_gen.close()  # stops the cluster
     doc = {
         "machine": start_machine,
         "quick": args.quick,

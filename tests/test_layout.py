@@ -61,3 +61,34 @@ def test_every_module_docs_architecture_names_exists() -> None:
     assert len(named) > 30
     missing = sorted(n for n in named if not (ROOT / n).exists())
     assert not missing, f"docs/architecture.md names modules that do not exist: {missing}"
+
+
+def _imports_tests(tree: ast.AST) -> list[str]:
+    """The ``import tests...`` / ``from tests... import`` statements in ``tree``."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        else:
+            continue
+        found += [
+            f"line {node.lineno}: {name}"
+            for name in names
+            if name == "tests" or name.startswith("tests.")
+        ]
+    return found
+
+
+def test_bench_does_not_import_the_tests() -> None:
+    """bench/ stands on its own (bench/benchlib.py, bench/pgcluster.py): no script there
+    imports the ``tests`` package."""
+    scripts = sorted((ROOT / "bench").rglob("*.py"))
+    assert any(p.name == "store_replicas_bench.py" for p in scripts)
+    offenders = {
+        _name(path): found
+        for path in scripts
+        if (found := _imports_tests(ast.parse(path.read_text(encoding="utf-8"))))
+    }
+    assert not offenders, f"bench/ must not import the tests package: {offenders}"

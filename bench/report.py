@@ -614,6 +614,7 @@ def proxy_apis(doc: dict[str, Any]) -> list[str]:
 
 RULE_LABELS = {
     "default": "relmon default (`truncated` + futility)",
+    "evalue": "relmon default before tuning (`truncated` + futility, e-value table)",
     "previous": "relmon previous default (`runner-up` + futility)",
     "fixed": "fixed K_max (baseline)",
     "paper": "the paper's rule (`hoeffding`)",
@@ -648,7 +649,13 @@ def stopping(doc: dict[str, Any]) -> list[str]:
         "stress grid": "the validation grid of `relmon simulate stopping --grid`: clear modes, "
         "near ties, exact ties, long tails, equally weighted",
         "smollm2": "real answers: SmolLM2-135M, 20 answers to each of 48 questions "
-        "(`bench/data/smollm2_answers.json`), replayed from their empirical distributions",
+        "(`bench/data/smollm2_answers.json`), replayed from their empirical distributions; "
+        "used to tune",
+        "smollm2 tune": "real answers to 80 more questions, 20 of each kind: arithmetic, "
+        "multiple choice, capitals, other short facts (`bench/data/smollm2_tune.json`); "
+        "may be used to tune",
+        "smollm2 held-out": "real answers to 80 other questions of the same four kinds "
+        "(`bench/data/smollm2_heldout.json`), never used to tune: the goals are read here",
     }
     for name, data in doc["datasets"].items():
         out += [f"**{name}** ({data['items']} items; {descriptions.get(name, '')})", ""]
@@ -660,6 +667,7 @@ def stopping(doc: dict[str, Any]) -> list[str]:
                     f"{r['calls_per_item']:.2f}",
                     _x(r["ratio_to_fixed"]),
                     f"{r['certified']:.3f}",
+                    f"{r['certified_early']:.3f}" if "certified_early" in r else "n/a",
                     f"{r['wrong_mode']:.4f}",
                     f"{r['worst_item_wrong_mode']:.4f}" if "worst_item_wrong_mode" in r else "n/a",
                     f"{r['top_not_mode']:.4f}",
@@ -672,6 +680,7 @@ def stopping(doc: dict[str, Any]) -> list[str]:
                 "calls/item",
                 "vs fixed K_max",
                 "certified",
+                "certified early",
                 "wrong mode",
                 "worst item",
                 "top ≠ mode",
@@ -680,8 +689,77 @@ def stopping(doc: dict[str, Any]) -> list[str]:
             rows,
         )
         out.append("")
+        if "optimum" in data:
+            out += _stopping_optimum(name, data)
+    tuned = doc.get("tuning")
+    if tuned:
+        out += [
+            f"*The shipped table's choice* (`tune_table`, on {' and '.join(tuned['sets'])} "
+            f"only, {tuned['streams_per_item']} streams an item, seed {tuned['seed']}): the "
+            "largest pooled saving among the tables with exact level ≤ δ that certify, and "
+            "certify before K_max, no less than the e-value table on each tuning set; it "
+            f"chooses {tuple(tuned['chosen'])}, shipped {tuple(tuned['shipped'])}.",
+            "",
+        ]
     out += ["Reproduce: `.venv/bin/python bench/stopping_bench.py`", ""]
     return out
+
+
+def _stopping_optimum(name: str, data: dict[str, Any]) -> list[str]:
+    """The oracle of the shipped rule's class beside the shipped rule (same streams)."""
+    opt = data["optimum"]
+    mix = ", ".join(
+        f"{tuple(t)} × {w:.2f}"
+        for t, w in zip(opt["optimum_tables"], opt["optimum_weights"], strict=True)
+    )
+    evalue = tuple(opt.get("evalue_table", opt["shipped_table"]))
+    out = [
+        f"*{name}: shipped table against the oracle* ({opt['streams_per_item']} fixed streams "
+        f"an item, {opt['tables']:,} monotone tables; `monitor/core/stopping_optimum.py`). "
+        "Rules certifying on a monotone region of (leader, runner-up) counts with the "
+        "futility stop, level at the two-class tie ≤ δ, certifying at least the e-value "
+        f"table's {evalue} share of items, and before K_max at least its share. *Best single "
+        f"table (oracle)*: {tuple(opt['best_table'])}, the deterministic table with the "
+        "largest saving chosen with hindsight on this set: the comparator. *Randomised LP "
+        f"optimum*: the mixture {mix} (level {opt['optimum_level']:.4f}); not the target, "
+        "because it flips a coin per item between tables, so whether an item is certified "
+        f"would depend on the coin. Shipped: {tuple(opt['shipped_table'])}.",
+        "",
+    ]
+    rows = []
+    for key, label in (
+        ("shipped", "relmon default (`truncated` + futility, shipped table), same streams"),
+        ("evalue", f"e-value table {evalue} (default before tuning), same streams"),
+        ("best_table_row", "best single table (oracle)"),
+        ("optimum", "randomised LP optimum"),
+    ):
+        if key not in opt:
+            continue
+        r = opt[key]
+        rows.append(
+            [
+                label,
+                f"{r['calls_per_item']:.2f}",
+                f"{r['saving']:.1%}",
+                f"{r['certified']:.3f}",
+                f"{r['certified_early']:.3f}",
+                f"{r['wrong_mode']:.4f}",
+                f"{r['worst_item_wrong_mode']:.4f}",
+            ]
+        )
+    out += _table(
+        [
+            "rule",
+            "calls/item",
+            "saved vs K_max",
+            "certified",
+            "certified early",
+            "wrong mode",
+            "worst item",
+        ],
+        rows,
+    )
+    return [*out, ""]
 
 
 def calibration(doc: dict[str, Any]) -> list[str]:

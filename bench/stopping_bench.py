@@ -5,7 +5,10 @@ same random draws.
 
 Rules (K_max = 20 for all; k0 = 3 and delta = 0.05 for relmon's):
 
-- ``default``: the service's default, ``truncated`` with the futility stop;
+- ``default``: the service's default, ``truncated`` with the futility stop (at these
+  settings its tuned table, ``TUNED_TABLES`` in ``monitor/core/stopping_boundary.py``);
+- ``evalue``: the default before the tuning, ``truncated`` with the futility stop and the
+  e-value construction's table (``point_mass=0.25`` given explicitly);
 - ``previous``: the previous default, ``runner-up`` with the futility stop;
 - ``fixed``: always K_max (the baseline every ratio is against);
 - ``paper``: ``hoeffding``, the paper's section 9 rule as printed;
@@ -30,7 +33,31 @@ mode (items drawn with replacement in the batches each rule asks for):
 - ``stress grid``: the validation grid of ``relmon simulate stopping --grid`` (clear
   modes, near ties, exact ties, long tails), each distribution equally weighted;
 - ``smollm2``: the empirical answer distributions of SmolLM2-135M on 48 questions
-  (``bench/data/smollm2_answers.json``, 20 real answers each).
+  (``bench/data/smollm2_answers.json``, 20 real answers each);
+- ``smollm2 tune``: 80 more questions of four kinds (arithmetic, multiple choice, capitals,
+  other short facts; ``bench/data/smollm2_tune.json``);
+- ``smollm2 held-out``: 80 other questions of the same four kinds
+  (``bench/data/smollm2_heldout.json``).
+
+Tuned and held out: the shipped table was chosen on ``smollm2`` and ``smollm2 tune`` only
+(:func:`monitor.core.stopping_optimum.tune_table` on ``OPTIMUM_STREAMS`` fixed streams an
+item, seed 0: the largest pooled saving among the tables with exact level <= delta that
+certify, and certify before K_max, no less than the e-value table on each tuning set).
+``smollm2 held-out`` is never used to choose anything: it is the set the goals (>= 45%
+saved, worst item <= delta, certified early no lower than before, within 2 points of the
+best single table) are read on (``bench/smollm2_answers.py`` says how the questions were
+split before recording).
+
+The oracle (:mod:`monitor.core.stopping_optimum`), on each real set: among the rules of
+the shipped rule's class (certification region on the leader's and runner-up's counts,
+monotone, futility stop) whose exact level at the two-class tie is <= delta and which
+certify at least the e-value table's share of items, and before K_max at least its share
+(the constraints the shipped table was chosen under), on the same fixed answer streams
+(``OPTIMUM_STREAMS`` per item): the best single table (the comparator: a deterministic
+rule, chosen with hindsight on that set) and the randomised LP optimum (a mixture of
+tables; reported for transparency, not a target: it flips a coin per item between tables,
+so whether an item is certified would depend on the coin). The shipped and e-value tables'
+rows on those streams are printed beside them.
 
 Reported per rule: calls per item and its ratio to fixed K_max, certified share,
 wrong-mode rate (certified with a leader that is not the true mode, over all items; an
@@ -65,14 +92,32 @@ from monitor.core.stopping import (
     DEFAULT_RULE,
     Decision,
     StoppingRule,
+    TruncatedRule,
     get_stopping_rule,
+)
+from monitor.core.stopping_boundary import DEFAULT_POINT_MASS, truncated_boundary
+from monitor.core.stopping_optimum import (
+    TableOutcomes,
+    TableRow,
+    enumerate_tables,
+    evaluate_table,
+    make_streams,
+    optimum,
+    tune_table,
 )
 
 K0, K_MAX, DELTA = 3, 20, 0.05
 DEMO_QUALITY = 0.92
 DEMO_WRONG = (1, -1, 10, -10, 2)  # the demo model's spread of wrong answers
 DEMO_DIFFICULTIES = (0.0, 0.0, 0.0, 0.05, 0.1, 0.25, 0.45)  # as its QuestionBank draws them
-SMOLLM2 = Path(__file__).resolve().parent / "data" / "smollm2_answers.json"
+DATA = Path(__file__).resolve().parent / "data"
+SMOLLM2 = DATA / "smollm2_answers.json"
+REAL_SETS = {
+    "smollm2": SMOLLM2,
+    "smollm2 tune": DATA / "smollm2_tune.json",
+    "smollm2 held-out": DATA / "smollm2_heldout.json",
+}
+OPTIMUM_STREAMS = 200
 
 
 class TrustGateRule:
@@ -200,6 +245,9 @@ def rules() -> dict[str, StoppingRule]:
     common = {"k0": K0, "k_max": K_MAX, "delta": DELTA}
     return {
         "default": get_stopping_rule(DEFAULT_RULE, futility=DEFAULT_FUTILITY, **common),
+        "evalue": get_stopping_rule(
+            "truncated", futility=True, point_mass=DEFAULT_POINT_MASS, **common
+        ),
         "previous": get_stopping_rule("runner-up", futility=True, **common),
         "fixed": get_stopping_rule("fixed", **common),
         "paper": get_stopping_rule("hoeffding", **common),
@@ -246,7 +294,7 @@ def stress_grid() -> list[RealItem]:
 def measure(items: Sequence[RealItem], reps: int, seed: int) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     for name, rule in rules().items():
-        calls = certified = wrong = top_off = right = 0
+        calls = certified = early = wrong = top_off = right = 0
         worst = 0.0
         for i, item in enumerate(items):
             mode = item.true_mode
@@ -255,6 +303,7 @@ def measure(items: Sequence[RealItem], reps: int, seed: int) -> dict[str, dict[s
                 used, cert, top = replay_top(rule, item, np.random.default_rng([seed, i, r]))
                 calls += used
                 certified += cert
+                early += cert and used < K_MAX
                 wrong += cert and (mode is None or top != mode)
                 top_off += mode is None or top != mode
                 right += top in item.acceptable
@@ -264,6 +313,7 @@ def measure(items: Sequence[RealItem], reps: int, seed: int) -> dict[str, dict[s
             "calls_per_item": calls / n,
             "ratio_to_fixed": calls / n / K_MAX,
             "certified": certified / n,
+            "certified_early": early / n,
             "wrong_mode": wrong / n,
             "wrong_among_certified": wrong / certified if certified else 0.0,
             "worst_item_wrong_mode": worst,
@@ -271,6 +321,84 @@ def measure(items: Sequence[RealItem], reps: int, seed: int) -> dict[str, dict[s
             "top_accuracy": right / n,
         }
     return out
+
+
+TUNING_SETS = ("smollm2", "smollm2 tune")
+"""The real sets the shipped table may be chosen on (never ``smollm2 held-out``)."""
+
+
+def _row(r: TableRow) -> dict[str, float]:
+    return {
+        "calls_per_item": r.calls,
+        "saving": 1 - r.calls / K_MAX,
+        "certified": r.certified,
+        "certified_early": r.certified_early,
+        "wrong_mode": r.wrong,
+        "worst_item_wrong_mode": max(r.per_item_wrong),
+    }
+
+
+def optimum_rows(items: Sequence[RealItem], seed: int) -> tuple[dict[str, Any], TableOutcomes]:
+    """The oracle (best single table, randomised LP optimum) beside the shipped and the
+    e-value tables on the same fixed streams; and every table's outcomes (for tuning)."""
+    streams = make_streams(
+        [it.probabilities for it in items],
+        k_max=K_MAX,
+        streams_per_item=OPTIMUM_STREAMS,
+        seed=seed,
+    )
+    outcomes = enumerate_tables(streams, K0)
+    default = rules()["default"]
+    assert isinstance(default, TruncatedRule)
+    shipped_table = default.boundary.needed
+    evalue_table = truncated_boundary(K_MAX, K0, DELTA, DEFAULT_POINT_MASS).needed
+    shipped = evaluate_table(streams, shipped_table, K0)
+    evalue = evaluate_table(streams, evalue_table, K0)
+    best = optimum(
+        outcomes,
+        delta=DELTA,
+        certified_at_least=evalue.certified,
+        certified_early_at_least=evalue.certified_early,
+    )
+    mixed = TableRow(best.calls, best.certified, best.certified_early, best.wrong, (0.0,))
+    per_item = np.zeros(len(items))
+    for table, weight in zip(best.tables, best.weights, strict=True):
+        per_item += weight * np.asarray(evaluate_table(streams, table, K0).per_item_wrong)
+    single = evaluate_table(streams, best.best_table, K0)
+    return {
+        "streams_per_item": OPTIMUM_STREAMS,
+        "tables": len(outcomes.tables),
+        "shipped_table": [int(v) for v in shipped_table if v <= K_MAX],
+        "shipped_level": float(outcomes.level[outcomes.index(shipped_table)]),
+        "evalue_table": [int(v) for v in evalue_table if v <= K_MAX],
+        "optimum_tables": [[*t] for t in best.tables],
+        "optimum_weights": list(best.weights),
+        "optimum_level": best.level,
+        "best_table": [*best.best_table],
+        "best_table_level": float(outcomes.level[outcomes.index(best.best_table)]),
+        "shipped": _row(shipped),
+        "evalue": _row(evalue),
+        "optimum": _row(mixed) | {"worst_item_wrong_mode": float(per_item.max())},
+        "best_table_row": _row(single),
+    }, outcomes
+
+
+def tuning(outcomes: dict[str, tuple[TableOutcomes, int]], seed: int) -> dict[str, Any]:
+    """The documented procedure re-run on the tuning sets: the table it chooses."""
+    chosen = tune_table(
+        [outcomes[name] for name in TUNING_SETS],
+        baseline=truncated_boundary(K_MAX, K0, DELTA, DEFAULT_POINT_MASS).needed,
+        delta=DELTA,
+    )
+    default = rules()["default"]
+    assert isinstance(default, TruncatedRule)
+    return {
+        "sets": list(TUNING_SETS),
+        "streams_per_item": OPTIMUM_STREAMS,
+        "seed": seed,
+        "chosen": [*chosen],
+        "shipped": [int(v) for v in default.boundary.needed if v <= K_MAX],
+    }
 
 
 def main() -> None:
@@ -286,7 +414,7 @@ def main() -> None:
     datasets = {
         "demo mix": demo_mix(),
         "stress grid": stress_grid(),
-        "smollm2": load_answer_file(SMOLLM2),
+        **{name: load_answer_file(path) for name, path in REAL_SETS.items()},
     }
     report: dict[str, Any] = {
         "benchmark": "stopping",
@@ -298,17 +426,26 @@ def main() -> None:
         "machine": start_machine,
         "datasets": {},
     }
+    enumerated: dict[str, tuple[TableOutcomes, int]] = {}
     for name, items in datasets.items():
         rows = measure(items, args.reps, args.seed)
         report["datasets"][name] = {"items": len(items), "rules": rows}
+        if name in REAL_SETS:
+            opt, outcomes = optimum_rows(items, args.seed)
+            report["datasets"][name]["optimum"] = opt
+            enumerated[name] = (outcomes, len(items))
+            print(f"{name}: best single table {opt['best_table_row']}, shipped {opt['shipped']}")
         print(f"{name}: {len(items)} items x {args.reps} replays")
         for rule, row in rows.items():
             print(
                 f"  {rule:10s} {row['calls_per_item']:6.2f} calls/item "
                 f"(x{row['ratio_to_fixed']:.2f} of fixed K_max)  certified {row['certified']:.3f}"
+                f" (early {row['certified_early']:.3f})"
                 f"  wrong mode {row['wrong_mode']:.4f}  top != mode {row['top_not_mode']:.4f}"
                 f"  top acc. {row['top_accuracy']:.3f}"
             )
+    report["tuning"] = tuned = tuning(enumerated, args.seed)
+    print(f"tuning procedure on {TUNING_SETS}: {tuned['chosen']} (shipped {tuned['shipped']})")
     if args.json:
         benchlib.write_json(report, args.json)
 

@@ -615,9 +615,12 @@ def test_fewest_samples_matches_the_mixture_e_value_by_hand() -> None:
                 ],
             ).tasks[0]
             assert fewest_samples(task) == expected
-    # The default truncated rule: 6 unanimous answers at K_max = 20, delta = 0.05 (the
-    # chance of 6 equal answers at a 50/50 tie, 2 * 2^-6, fits in delta; 2 * 2^-5 does not).
+    # The default truncated rule at K_max = 20, delta = 0.05 (tuned table b = 7, 9, 10):
+    # unanimous answers certify at 7, but with the default futility stop a 3-3 split
+    # gives up at 6 (a runner-up count of 3 can never be certified against), so 6.
     assert fewest_samples(load_settings(None, tasks=[{"name": "t"}]).tasks[0]) == 6
+    no_futility = load_settings(None, tasks=[{"name": "t", "futility": False}])
+    assert fewest_samples(no_futility.tasks[0]) == 7
     fixed = load_settings(None, tasks=[{"name": "t", "stopping_rule": "fixed", "k_max": 12}])
     assert fewest_samples(fixed.tasks[0]) == 12
 

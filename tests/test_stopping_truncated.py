@@ -14,6 +14,8 @@ from monitor.app.simulate.stopping import run_stopping_trials
 from monitor.core.errors import ConfigError, InputError
 from monitor.core.stopping import TruncatedRule, get_stopping_rule
 from monitor.core.stopping_boundary import (
+    DEFAULT_POINT_MASS,
+    TUNED_TABLES,
     certification_probability,
     tie_level,
     truncated_boundary,
@@ -56,20 +58,50 @@ def test_boundary_level_matches_brute_force_enumeration(k_max: int, delta: float
 
 def test_boundary_at_the_service_defaults() -> None:
     b = truncated_boundary(K_MAX, K0, DELTA)
-    assert b.needed[:4] == (6, 10, 12, 14)
-    assert all(n == K_MAX + 1 for n in b.needed[4:])  # 17 + 4 > 20: out of reach
-    assert b.level == pytest.approx(0.047027587890625, abs=1e-15)
+    assert b.needed[:3] == TUNED_TABLES[(K_MAX, K0, DELTA)] == (7, 9, 10)
+    assert all(n == K_MAX + 1 for n in b.needed[3:])  # runner-up >= 3: never certified
+    assert b.level == pytest.approx(0.0498046875, abs=1e-15) and b.level <= DELTA
+    assert b.point_mass is None and b.log_threshold is None
     assert truncated_boundary(K_MAX, K0, DELTA) is b  # cached: a lookup at run time
+    # The e-value construction (an explicit point mass) at the same settings:
+    e = truncated_boundary(K_MAX, K0, DELTA, DEFAULT_POINT_MASS)
+    assert e.needed[:4] == (6, 10, 12, 14)
+    assert all(n == K_MAX + 1 for n in e.needed[4:])  # 17 + 4 > 20: out of reach
+    assert e.level == pytest.approx(0.047027587890625, abs=1e-15)
 
 
-def test_unanimous_answers_stop_at_six_the_least_any_valid_rule_allows() -> None:
+def test_the_tuned_table_level_by_enumerating_all_two_class_ties() -> None:
+    """The shipped table's level, independently of the dynamic programming: all 2^20
+    sequences of a fair two-class tie, vectorised."""
+    b = truncated_boundary(K_MAX, K0, DELTA)
+    seqs = (np.arange(2**K_MAX)[:, None] >> np.arange(K_MAX)) & 1
+    x = np.cumsum(seqs, axis=1)
+    y = np.arange(1, K_MAX + 1) - x
+    n1, n2 = np.maximum(x, y), np.minimum(x, y)
+    table = np.asarray([*b.needed, *[K_MAX + 1] * (K_MAX + 1)])
+    hit = (n1 > n2) & (n1 >= table[n2])
+    exact = float(hit.any(axis=1).mean())
+    assert exact == pytest.approx(b.level, abs=1e-15) and exact <= DELTA
+
+
+def test_other_settings_keep_the_e_value_construction_within_delta() -> None:
+    for k0, k_max, delta in ((3, 20, 0.1), (3, 20, 0.01), (2, 20, 0.05), (3, 30, 0.05)):
+        b = truncated_boundary(k_max, k0, delta)
+        assert b.point_mass == DEFAULT_POINT_MASS and b.log_threshold is not None
+        assert b.level == pytest.approx(tie_level(b.needed, k_max), abs=1e-15)
+        assert b.level <= delta and b.needed[0] >= k0
+
+
+def test_unanimous_answers_stop_at_seven_with_the_tuned_table() -> None:
     rule = get_stopping_rule("truncated", k0=K0, k_max=K_MAX, delta=DELTA)
-    assert next(k for k in range(1, K_MAX + 1) if rule.certified([k])) == 6
-    # Stopping 5 unanimous draws is wrong with probability 2 * 2^-5 > delta at a 50/50
-    # tie, for any rule.
-    assert 2 * 2.0**-5 > DELTA >= 2 * 2.0**-6
+    assert next(k for k in range(1, K_MAX + 1) if rule.certified([k])) == 7
     unanimous = run_stopping_trials(rule, [1.0], 50, np.random.default_rng(0))
-    assert unanimous.mean_samples == 6
+    assert unanimous.mean_samples == 7
+    # The e-value table stops them at 6, the least any valid rule allows: stopping 5
+    # unanimous draws is wrong with probability 2 * 2^-5 > delta at a 50/50 tie.
+    evalue = get_stopping_rule("truncated", point_mass=DEFAULT_POINT_MASS)
+    assert next(k for k in range(1, K_MAX + 1) if evalue.certified([k])) == 6
+    assert 2 * 2.0**-5 > DELTA >= 2 * 2.0**-6
 
 
 EXTRA_EXACT = (
@@ -90,7 +122,8 @@ def test_exact_wrong_mode_rate_at_most_delta_on_grid_and_ties() -> None:
     # The least favourable configuration is the two-class tie, spending the level.
     assert rates[(0.5, 0.5)] == pytest.approx(b.level) and b.level > 0.04
     assert max(rates, key=lambda d: rates[d]) == (0.5, 0.5)
-    assert rates[(1 / 3,) * 3] < 0.01 and rates[(0.25,) * 4] < 0.002
+    # (tuned table 7, 9, 10: 0.0085 and 0.0025; the e-value table: 0.0064 and 0.0014)
+    assert rates[(1 / 3,) * 3] < 0.009 and rates[(0.25,) * 4] < 0.003
 
 
 def test_exact_computation_agrees_with_simulation() -> None:

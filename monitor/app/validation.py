@@ -44,7 +44,8 @@ def budget_warnings(settings: Settings) -> list[str]:
     """Whether the tasks' ``expected_events_per_s`` fit ``budget.calls_per_minute``.
 
     Monitored items per second = events/s x sampling_rate; each uses between the
-    fewest samples its stopping rule allows (unanimous answers) and k_max calls. The
+    fewest samples its stopping rule allows (:func:`fewest_samples`: unanimous answers,
+    or a split the futility stop gives up on sooner) and k_max calls. The
     tasks share one budget. Tasks without ``expected_events_per_s`` are not counted.
     """
     budget = settings.budget.calls_per_minute

@@ -70,14 +70,18 @@ Rules
     An exact truncated test: K_max is known, so the boundary is calibrated exactly at
     the least favourable null instead of through Ville's inequality
     (:mod:`monitor.core.stopping_boundary`). Certify the leader when n1 >= b[n2] and
-    n1 > n2; the region {E_w(n1, n2) >= t} (the mixture e-value above with prior mass
-    ``point_mass`` w, default 0.25, on unanimous answers, fixing only the order of the
-    points) is made monotone in n2, and t is the smallest threshold whose exact
-    probability of certifying anything at an exact two-way tie (two classes, nothing
-    else), followed for K_max draws, is <= delta; then single points just below the
-    boundary are added in the same order while that stays <= delta (no point can be
-    added after that). At K_max = 20, k0 = 3, delta = 0.05:
-    b = 6, 10, 12, 14 for n2 = 0..3 (none later), level 0.0470.
+    n1 > n2. At the service's defaults (K_max = 20, k0 = 3, delta = 0.05) b is the
+    tuned table b = 7, 9, 10 for n2 = 0..2 (none later), level 0.0498 at the two-way tie
+    (``TUNED_TABLES``: chosen on the tuning answer sets by
+    :func:`monitor.core.stopping_optimum.tune_table`; its level is checked <= delta when
+    the rule is built). At any other setting, or with an explicit ``point_mass``, b is
+    the e-value construction: the region {E_w(n1, n2) >= t} (the mixture e-value above
+    with prior mass ``point_mass`` w, default 0.25, on unanimous answers, fixing only the
+    order of the points) is made monotone in n2, and t is the smallest threshold whose
+    exact probability of certifying anything at an exact two-way tie (two classes,
+    nothing else), followed for K_max draws, is <= delta; then single points just below
+    the boundary are added in the same order while that stays <= delta (no point can be
+    added after that). At the defaults it would give b = 6, 10, 12, 14, level 0.0470.
 
     *What is proven.* Certifying a class a needs n_a >= b[n2] >= b[n_c] and
     n_a > n2 >= n_c for every other class c (b is non-decreasing), so the process of
@@ -88,9 +92,10 @@ Rules
     walk against a to cross while drifting away, a small extra term. A unique mode's
     wrong certifications tend to those of the tie as the gap closes.
     *What is computed* (exact enumeration, :func:`certification_probability`, and
-    simulation for long tails): the largest wrong-mode rate over the validation grid
-    with 3- and 4-way ties and tie + tail is the two-way tie itself (0.047); 0.4/0.4/0.2
-    gives 0.016, three-way 0.0064, four-way 0.0014, 0.49/0.49/0.02 0.044. The futility
+    simulation for long tails), for the tuned table: the largest wrong-mode rate over
+    the validation grid with 3- and 4-way ties and tie + tail is the two-way tie itself
+    (0.0498); 0.4/0.4/0.2 gives 0.021, three-way 0.0085, four-way 0.0025,
+    0.49/0.49/0.02 0.049. The futility
     stop never changes what is certified, and k0 is inside the region (b[0] >= k0).
     With the futility stop, batches are cut at the first draw after which futility could
     stop the item, so batching samples exactly what one draw at a time would.
@@ -148,10 +153,11 @@ DEFAULT_RULE = "truncated"
 DEFAULT_FUTILITY = True
 """The service's defaults (a task's ``stopping_rule`` and ``futility``): chosen from the
 real-answer replay (``bench/stopping_bench.py``, ``relmon simulate stopping --real``):
-the truncated rule with the futility stop saves about 49% of calls at K_max = 20 on
-SmolLM2's answers (10.16 calls an item; ``runner-up``, the previous default, 11.95)
-and certifies more items early (0.590 against 0.545), at a wrong-mode rate <= delta on
-every distribution of the validation grid, exact ties included."""
+the truncated rule (tuned table) with the futility stop saves about 50% of calls at
+K_max = 20 on SmolLM2's first answers (9.93 calls an item; ``runner-up``, the previous
+default, 11.95) and 45% on the held-out ones, and certifies more items early (0.597
+against 0.534), at a wrong-mode rate <= delta on every distribution of the validation
+grid, exact ties included."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -329,12 +335,12 @@ class TruncatedRule(_RuleBase):
         k0: int = 3,
         k_max: int = 20,
         delta: float = 0.05,
-        point_mass: float = 0.25,
+        point_mass: float | None = None,
         futility: bool = False,
     ) -> None:
         super().__init__(k0=k0, k_max=k_max, delta=delta, futility=futility)
         self.boundary: TruncatedBoundary = truncated_boundary(
-            self._k_max, self._k0, self._delta, float(point_mass)
+            self._k_max, self._k0, self._delta, None if point_mass is None else float(point_mass)
         )
 
     def _criterion(self, counts: list[int]) -> bool:

@@ -19,12 +19,20 @@ Why that null is the least favourable one, and what is computed rather than argu
 ``docs/beyond-the-paper.md`` ("The truncated rule"); :func:`certification_probability`
 gives the exact probability of a wrong certification for any distribution over a few
 classes, which the tests and ``relmon simulate stopping`` use to check the argument.
+At the service's defaults (K_max = 20, k0 = 3, delta = 0.05) with no point mass given,
+the table is not this construction's but the tuned one of :data:`TUNED_TABLES`: among
+all 167 960 monotone tables, the one with the largest saving on the tuning answer sets
+whose exact level at the two-class tie is <= delta
+(:func:`monitor.core.stopping_optimum.tune_table` says how it was chosen); its level is
+computed again here and it is used only if <= delta. Any other setting, or an explicit
+point mass, gets the construction above, whose level is exact for every setting.
 Everything here is pure and cached per (K_max, k0, delta, w): at run time a rule only
 looks numbers up.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -36,7 +44,9 @@ from monitor.core.errors import ConfigError, InputError
 from monitor.core.stopping_evalue import mixture_log_e_value
 
 __all__ = [
+    "DEFAULT_POINT_MASS",
     "MAX_EXACT_CLASSES",
+    "TUNED_TABLES",
     "TruncatedBoundary",
     "certification_probability",
     "earliest_stop",
@@ -47,6 +57,14 @@ __all__ = [
 MAX_EXACT_CLASSES = 6
 """:func:`certification_probability` enumerates count vectors: at most this many classes."""
 
+TUNED_TABLES: dict[tuple[int, int, float], tuple[int, ...]] = {(20, 3, 0.05): (7, 9, 10)}
+"""(K_max, k0, delta) -> the tuned table b[0], b[1], ... (runner-up counts past it never
+certify): chosen on the tuning answer sets by :func:`~monitor.core.stopping_optimum.tune_table`
+(certify 7-0, 9-1, 10-2; level 0.0498 at the two-class tie). Used when no point mass is
+given (:func:`truncated_boundary` with ``point_mass=None``)."""
+DEFAULT_POINT_MASS = 0.25
+"""The e-value construction's prior mass on unanimous answers when none is given."""
+
 
 @dataclass(frozen=True, slots=True)
 class TruncatedBoundary:
@@ -55,9 +73,10 @@ class TruncatedBoundary:
     k_max: int
     k0: int
     delta: float
-    point_mass: float
-    log_threshold: float
-    """log t: the region is {E_w(n1, n2) >= t}, made monotone."""
+    point_mass: float | None
+    """The e-value construction's w; None for a tuned table (:data:`TUNED_TABLES`)."""
+    log_threshold: float | None
+    """log t: the region is {E_w(n1, n2) >= t}, made monotone (None for a tuned table)."""
     needed: tuple[int, ...]
     """needed[y]: the leader count that certifies against a runner-up count y (K_max + 1
     when none can); runner-up counts past the table never certify."""
@@ -140,17 +159,34 @@ def _spend_the_rest(
 
 @lru_cache(maxsize=64)
 def truncated_boundary(
-    k_max: int, k0: int, delta: float, point_mass: float = 0.25
+    k_max: int, k0: int, delta: float, point_mass: float | None = None
 ) -> TruncatedBoundary:
-    """The least threshold t whose region has level <= delta at the two-class tie.
-
-    The regions are nested in t and the level falls as t grows, so a bisection over the
-    distinct e-values of the reachable (n1, n2) finds it. Cached per arguments.
-    """
+    """The boundary at these settings: the tuned table of :data:`TUNED_TABLES` when there
+    is one and ``point_mass`` is None (its exact level checked <= delta), else the e-value
+    construction with w = ``point_mass`` (default :data:`DEFAULT_POINT_MASS`). Cached."""
     if not 1 <= k0 <= k_max:
         raise ConfigError(f"need 1 <= k0 <= k_max, got k0={k0}, k_max={k_max}")
     if not 0.0 < delta < 1.0:
         raise ConfigError(f"delta must be in (0, 1), got {delta}")
+    tuned = TUNED_TABLES.get((k_max, k0, delta)) if point_mass is None else None
+    if tuned is not None:
+        width = (k_max - 1) // 2 + 1
+        needed = tuple(tuned[:width]) + (k_max + 1,) * (width - len(tuned[:width]))
+        level = tie_level(needed, k_max)
+        monotone = all(a <= b for a, b in itertools.pairwise(needed))
+        if level <= delta and needed[0] >= k0 and monotone:
+            return TruncatedBoundary(k_max, k0, delta, None, None, needed, level)
+    return _evalue_boundary(
+        k_max, k0, delta, DEFAULT_POINT_MASS if point_mass is None else point_mass
+    )
+
+
+def _evalue_boundary(k_max: int, k0: int, delta: float, point_mass: float) -> TruncatedBoundary:
+    """The least threshold t whose region has level <= delta at the two-class tie.
+
+    The regions are nested in t and the level falls as t grows, so a bisection over the
+    distinct e-values of the reachable (n1, n2) finds it.
+    """
     if not 0.0 <= point_mass < 1.0:
         raise ConfigError(f"point_mass must be in [0, 1), got {point_mass}")
     candidates = sorted(

@@ -196,11 +196,18 @@ def test_proxy_data_plane_beside_the_lean_proxy_and_plain_python(tmp_path: Path)
 @pytest.mark.timeout(900)
 def test_stopping_bench(quick: tuple[Path, dict[str, str | None]]) -> None:
     doc = doc_of(quick, "stopping")
-    assert set(doc["datasets"]) == {"demo mix", "stress grid", "smollm2"}
+    assert set(doc["datasets"]) == {
+        "demo mix",
+        "stress grid",
+        "smollm2",
+        "smollm2 tune",
+        "smollm2 held-out",
+    }
     for data in doc["datasets"].values():
         rules = data["rules"]
         assert set(rules) == {
             "default",
+            "evalue",
             "previous",
             "fixed",
             "paper",
@@ -220,6 +227,12 @@ def test_stopping_bench(quick: tuple[Path, dict[str, str | None]]) -> None:
     assert demo["trustgate"]["calls_per_item"] < doc["k_max"]
     assert demo["esc"]["calls_per_item"] < doc["k_max"]
     assert demo["adaptive"]["calls_per_item"] < doc["k_max"]
+    # The shipped table is chosen on the tuning sets; the held-out set gets the oracle.
+    assert doc["tuning"]["sets"] == ["smollm2", "smollm2 tune"]
+    assert doc["tuning"]["chosen"] == doc["tuning"]["shipped"]
+    held = doc["datasets"]["smollm2 held-out"]["optimum"]
+    assert held["shipped_level"] <= doc["delta"] and held["best_table_level"] <= doc["delta"]
+    assert held["optimum_level"] <= doc["delta"] + 1e-9
 
 
 @pytest.mark.timeout(900)

@@ -165,7 +165,7 @@ def test_stopping_stream_mix_and_compare() -> None:
     result = run_stopping(
         [[1.0], [0.6, 0.4]], weights=[0.9, 0.1], trials=1000, seed=0, compare=True
     )
-    assert result.per_dist[0].mean_samples == 6  # the default truncated rule
+    assert result.per_dist[0].mean_samples == 7  # the default truncated rule's tuned table
     expected = 0.9 * result.per_dist[0].mean_samples + 0.1 * result.per_dist[1].mean_samples
     assert result.mean_samples == pytest.approx(expected)
     assert result.compare is not None and result.compare.mean_samples == 20

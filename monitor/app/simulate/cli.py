@@ -273,7 +273,12 @@ def _add_stopping_options(p: argparse.ArgumentParser) -> None:
         default=DEFAULT_RULE,
         help=f"stopping rule: {', '.join(available_rules())} (default {DEFAULT_RULE})",
     )
-    p.add_argument("--point-mass", type=float, help="mixture prior mass at theta=1")
+    p.add_argument(
+        "--point-mass",
+        type=float,
+        help="mixture prior mass at theta=1 (truncated: use the e-value construction with "
+        "this mass instead of the tuned table)",
+    )
     p.add_argument("--strict", action="store_true", help="allow for K_max - 1 rivals")
     p.add_argument(
         "--futility",

@@ -38,6 +38,7 @@ SECTIONS = (
     "kafka_scale",
     "kafka_ingest",
     "store_replicas",
+    "ppi",
 )
 
 
@@ -1283,6 +1284,96 @@ def store_replicas(doc: dict[str, Any] | None) -> list[str]:
     return [*out, "", "Reproduce: `make bench-store`", ""]
 
 
+def ppi(doc: dict[str, Any] | None) -> list[str]:
+    if doc is None:
+        return [
+            "## 9. Judge-assisted bound: coverage and width, any judge",
+            "",
+            "No results yet: `.venv/bin/python bench/ppi_bench.py` writes this section.",
+            "",
+        ]
+    rows = doc["rows"]
+    grid = [r for r in rows if r["items"] == doc["items"]]
+    extra = [r for r in rows if r["items"] != doc["items"]]
+    worst = min(rows, key=lambda r: r["relmon_coverage"])
+    worst_prev = min(rows, key=lambda r: r["previous_coverage"])
+    out = [
+        "## 9. Judge-assisted bound: coverage and width, any judge",
+        "",
+        f"`bench/ppi_bench.py`: simulated windows of {doc['items']:,} judged items, "
+        f"{doc['seeds']:,} seeds a row, one-sided {1 - doc['delta']:.0%} bounds, every method "
+        "on the same draws. *relmon*: `relmon_reliability_lower_bound_ppi` (Clopper–Pearson "
+        "carried over to the judge's strata, one pseudo-failure shared); *previous*: the "
+        "previous release's bound (Agresti–Coull per stratum, normal sum); *human-only*: "
+        "`relmon_reliability_lower_bound` on the same reviews; *plain PPI*: the PPI paper's "
+        "normal interval. *Coverage*: share of seeds whose bound is at or below the true "
+        "level; *× human*: mean distance under the true level over the human-only one's "
+        "(under ×1 is tighter). Review probabilities equal, or 3× where the judge says no. "
+        f"Judges (P(yes | right), P(yes | wrong)): {_judges(doc)}.",
+        "",
+        f"Lowest coverage over every row: relmon {worst['relmon_coverage']:.3f} "
+        f"({worst['judge']}, level {worst['p']}, {worst['reviews']:.0f} reviews); previous "
+        f"{worst_prev['previous_coverage']:.3f} ({worst_prev['judge']}, level "
+        f"{worst_prev['p']}, {worst_prev['reviews']:.0f} reviews). Ran in "
+        f"{doc['seconds']:.0f} s.",
+        "",
+    ]
+    head = [
+        "level",
+        "judge",
+        "reviews",
+        "probabilities",
+        "relmon coverage",
+        "× human",
+        "previous coverage",
+        "× human",
+        "human-only coverage",
+        "plain PPI coverage",
+    ]
+
+    def line(r: dict[str, Any]) -> list[str]:
+        return [
+            f"{r['p']:g}",
+            r["judge"],
+            f"{r['reviews']:.0f}" + ("" if r["items"] == doc["items"] else f" of {r['items']:,}"),
+            "3× where no" if r["unequal"] else "equal",
+            f"{r['relmon_coverage']:.3f}",
+            _x(r["relmon_vs_human"]),
+            f"{r['previous_coverage']:.3f}",
+            _x(r["previous_vs_human"]),
+            f"{r['human_coverage']:.3f}",
+            f"{r['plain_coverage']:.3f}",
+        ]
+
+    out += ["**By judge**, over its rows (coverage: the lowest; × human: median and range):", ""]
+    out += _table(
+        ["judge", "relmon coverage", "relmon × human", "previous coverage", "previous × human"],
+        [_by_judge(name, [r for r in rows if r["judge"] == name]) for name in doc["judges"]],
+    )
+    out += ["", "**Every row:**", ""]
+    out += _table(head, [line(r) for r in grid + extra])
+    return [*out, "", "Reproduce: `.venv/bin/python bench/ppi_bench.py` (about 15 minutes)", ""]
+
+
+def _by_judge(name: str, rows: list[dict[str, Any]]) -> list[str]:
+    def spread(key: str) -> str:
+        values = sorted(r[key] for r in rows)
+        middle = values[len(values) // 2]
+        return f"{_x(middle)} ({_x(values[0])}–{_x(values[-1])})"
+
+    return [
+        name,
+        f"{min(r['relmon_coverage'] for r in rows):.3f}",
+        spread("relmon_vs_human"),
+        f"{min(r['previous_coverage'] for r in rows):.3f}",
+        spread("previous_vs_human"),
+    ]
+
+
+def _judges(doc: dict[str, Any]) -> str:
+    return "; ".join(f"{name} ({a:g}, {b:g})" for name, (a, b) in doc["judges"].items())
+
+
 def render(docs: dict[str, dict[str, Any]]) -> str:
     lines = [
         "# Benchmark results",
@@ -1331,6 +1422,7 @@ def render(docs: dict[str, dict[str, Any]]) -> str:
     lines += kafka_scale(docs.get("kafka_scale"))
     lines += kafka_ingest(docs.get("kafka_ingest"))
     lines += store_replicas(docs.get("store_replicas"))
+    lines += ppi(docs.get("ppi"))
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -40,6 +40,7 @@ def _exported(row: Any) -> ExportedVerdict:
         inclusion_probability=float(row["inclusion_probability"]),
         sampled_at=float(row["sampled_at"]),
         served_rank=item.served_rank,
+        segment=item.segment,
     )
     return ExportedVerdict(
         item=item,
@@ -68,6 +69,7 @@ def _prepared(row: ExportedVerdict) -> tuple[Any, ...]:
         row.aci_miss,
         json.dumps(item.to_json(), allow_nan=False, separators=(",", ":")),
         served_acceptable(item, row.verdict, row.score),
+        item.segment,
     )
 
 
@@ -116,11 +118,12 @@ async def _import_one(conn: Any, values: tuple[Any, ...]) -> int | None:
     item_id, model, task = values[:3]
     seq = await conn.fetchval(
         "INSERT INTO records (item_id, model, task, score, inclusion_probability, "
-        "sampled_at, verdict, applied_at, seq, aci_miss, served_acceptable) "
-        "SELECT $1, $2, $3, $4, $5, $6, $7, $8, coalesce(max(seq), 0) + 1, $9, $10 "
+        "sampled_at, verdict, applied_at, seq, aci_miss, served_acceptable, segment) "
+        "SELECT $1, $2, $3, $4, $5, $6, $7, $8, coalesce(max(seq), 0) + 1, $9, $10, $11 "
         "FROM records ON CONFLICT (item_id) DO NOTHING RETURNING seq",
         *values[:9],
         values[10],
+        values[11],
     )
     if seq is None:
         return None

@@ -106,6 +106,12 @@ CREATE INDEX judgements_by_age ON judgements (sampled_at);
 ALTER TABLE records ADD COLUMN served_acceptable BOOLEAN;
 """,
     ),
+    (
+        6,
+        """
+ALTER TABLE records ADD COLUMN segment TEXT;
+""",
+    ),
 )
 """(version, SQL): applied in order; never edit one that has shipped, add the next."""
 SCHEMA_VERSION: Final = MIGRATIONS[-1][0]

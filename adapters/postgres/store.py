@@ -57,7 +57,7 @@ __all__ = ["PostgresStore", "diagnose"]
 _T = TypeVar("_T")
 _RECORD_COLUMNS: Final = (
     "model, task, item_id, score, inclusion_probability, sampled_at, seq, aci_miss, "
-    "served_acceptable"
+    "served_acceptable, segment"
 )
 
 
@@ -88,6 +88,7 @@ def _record(row: Any) -> CalibrationRecord:
         served_acceptable=(
             None if row["served_acceptable"] is None else bool(row["served_acceptable"])
         ),
+        segment=None if row["segment"] is None else str(row["segment"]),
     )
 
 
@@ -259,8 +260,9 @@ class PostgresStore(ReviewPageTables, VerdictExport):
                     return None  # a page verdict held for the item counts first
                 seq = await conn.fetchval(
                     "INSERT INTO records (item_id, model, task, score, inclusion_probability, "
-                    "sampled_at, verdict, applied_at, seq, aci_miss, served_acceptable) "
-                    "SELECT $1, $2, $3, $4, $5, $6, $7, $8, coalesce(max(seq), 0) + 1, $9, $10 "
+                    "sampled_at, verdict, applied_at, seq, aci_miss, served_acceptable, segment) "
+                    "SELECT $1, $2, $3, $4, $5, $6, $7, $8, coalesce(max(seq), 0) + 1, $9, $10, "
+                    "$11 "
                     "FROM records ON CONFLICT (item_id) DO NOTHING RETURNING seq",
                     record.item_id,
                     record.model,
@@ -272,6 +274,7 @@ class PostgresStore(ReviewPageTables, VerdictExport):
                     applied_at,
                     record.aci_miss,
                     record.served_acceptable,
+                    record.segment,
                 )
                 if seq is None:
                     return None

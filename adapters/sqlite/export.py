@@ -61,6 +61,7 @@ class VerdictExport(SqliteConnection):
                 inclusion_probability=float(prob),
                 sampled_at=float(sampled_at),
                 served_rank=item.served_rank,
+                segment=item.segment,
             )
             out.append(
                 ExportedVerdict(
@@ -90,17 +91,18 @@ class VerdictExport(SqliteConnection):
                     json.dumps(row.verdict.to_json(), separators=(",", ":")),
                     score_column(row.score),
                     aci_column(served_acceptable(row.item, row.verdict, row.score)),
+                    row.item.segment,
                 )
             )
 
         def insert(conn: sqlite3.Connection) -> tuple[int, int]:
             new = old = 0
-            for row, body, verdict, score, served in prepared:
+            for row, body, verdict, score, served, segment in prepared:
                 item = row.item
                 cur = conn.execute(
                     "INSERT OR IGNORE INTO records (item_id, model, task, score, "
                     "inclusion_probability, sampled_at, verdict, applied_at, seq, aci_miss, "
-                    "served_acceptable) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "served_acceptable, segment) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         item.item_id,
                         item.model,
@@ -113,6 +115,7 @@ class VerdictExport(SqliteConnection):
                         next_seq(conn),
                         aci_column(row.aci_miss),
                         served,
+                        segment,
                     ),
                 )
                 if cur.rowcount == 0:

@@ -55,7 +55,7 @@ def aci_column(miss: bool | None) -> int | None:
 
 
 def record_of(row: Sequence[Any]) -> CalibrationRecord:
-    model, task, item_id, score, prob, sampled_at, seq, miss, served = row
+    model, task, item_id, score, prob, sampled_at, seq, miss, served, segment = row
     return CalibrationRecord(
         model=str(model),
         task=str(task),
@@ -66,12 +66,13 @@ def record_of(row: Sequence[Any]) -> CalibrationRecord:
         order=(int(seq),),
         aci_miss=None if miss is None else bool(miss),
         served_acceptable=None if served is None else bool(served),
+        segment=None if segment is None else str(segment),
     )
 
 
 RECORD_COLUMNS = (
     "model, task, item_id, score, inclusion_probability, sampled_at, seq, aci_miss, "
-    "served_acceptable"
+    "served_acceptable, segment"
 )
 
 

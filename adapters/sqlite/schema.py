@@ -34,7 +34,8 @@ CREATE TABLE IF NOT EXISTS records (
     applied_at REAL NOT NULL,
     seq INTEGER,
     aci_miss INTEGER,
-    served_acceptable INTEGER
+    served_acceptable INTEGER,
+    segment TEXT
 );
 CREATE INDEX IF NOT EXISTS records_by_age ON records (sampled_at);
 CREATE UNIQUE INDEX IF NOT EXISTS records_by_seq ON records (seq);
@@ -91,6 +92,14 @@ def _add_served_acceptable(conn: sqlite3.Connection) -> None:
         conn.execute("ALTER TABLE records ADD COLUMN served_acceptable INTEGER")
 
 
+def _add_segment(conn: sqlite3.Connection) -> None:
+    """Give an older file's records the ``segment`` column (NULL: no segment, which is
+    what those relmon versions kept)."""
+    columns = {str(row[1]) for row in conn.execute("PRAGMA table_info(records)")}
+    if columns and "segment" not in columns:
+        conn.execute("ALTER TABLE records ADD COLUMN segment TEXT")
+
+
 def _add_held_holder(conn: sqlite3.Connection) -> None:
     """Give an older file's held verdicts the ``holder`` column (NULL: nobody may undo)."""
     columns = {str(row[1]) for row in conn.execute("PRAGMA table_info(held_verdicts)")}
@@ -124,6 +133,7 @@ def open_database(path: str) -> sqlite3.Connection:
         _number_schema_1_records(conn)
         _add_aci_miss(conn)
         _add_served_acceptable(conn)
+        _add_segment(conn)
         _add_held_holder(conn)
         _add_lease_owner(conn)
         for statement in _SCHEMA.split(";"):

@@ -17,7 +17,8 @@ Schema (version :data:`SCHEMA_VERSION`)::
             seq INTEGER UNIQUE  -- the order verdicts were applied in: 1, 2, 3, ...
             aci_miss INTEGER  -- the verdict's ACI step: 1 miss, 0 covered, NULL none
             served_acceptable INTEGER  -- 1/0: the verdict accepted the served answer
-                                       -- or not; NULL: the item had none)
+                                       -- or not; NULL: the item had none
+            segment TEXT  -- the item's segment label; NULL: its task had no segments)
     leases(item_id TEXT PRIMARY KEY, holder TEXT, expires REAL,
            owner TEXT (the reviewer behind the holder, for the per-reviewer cap))
     held_verdicts(item_id TEXT PRIMARY KEY, verdict TEXT (Verdict JSON), held_at REAL,
@@ -41,6 +42,8 @@ alpha anyway) and move to schema 3.
 verdicts' ``holder`` below: an older relmon ignores it) says whether the verdict accepted
 the answer production served; a file from before it gets the column with NULL for the
 verdicts it holds: no served answer, which those relmon versions never kept.
+``segment`` (added the same way) is the item's segment label (``tasks[].segments``); NULL
+for the verdicts of an older file, and of tasks without segments.
 
 Leases (:meth:`lease_next`) keep two reviewers from being handed the same item at the
 same time: an item leased to another holder and not yet expired is skipped; the holder
@@ -227,7 +230,7 @@ class SqliteStore(ReviewPageTables, VerdictExport):
             cur = conn.execute(
                 "INSERT OR IGNORE INTO records (item_id, model, task, score, "
                 "inclusion_probability, sampled_at, verdict, applied_at, seq, aci_miss, "
-                "served_acceptable) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "served_acceptable, segment) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     record.item_id,
                     record.model,
@@ -240,6 +243,7 @@ class SqliteStore(ReviewPageTables, VerdictExport):
                     seq,
                     aci_column(record.aci_miss),
                     aci_column(record.served_acceptable),
+                    record.segment,
                 ),
             )
             if cur.rowcount == 0:

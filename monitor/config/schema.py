@@ -46,8 +46,10 @@ from monitor.config.secrets import read_secret
 from monitor.config.sources import YAML_DATA, IndexedEnvSource, YamlSource
 from monitor.config.store import StoreSettings
 from monitor.core.apis.registry import API_NAMES
+from monitor.core.errors import ConfigError
 from monitor.core.redaction import BUILTIN_RULES, Redactor
 from monitor.core.review import MAX_TASK_NAME_CHARS
+from monitor.core.segments import SegmentSpec, parse_segments
 from monitor.core.stopping import DEFAULT_FUTILITY, DEFAULT_RULE, available_rules
 
 __all__ = [
@@ -134,6 +136,8 @@ class TaskSettings(_Strict):
     endpoint: EndpointSettings = EndpointSettings()
     reask: ReaskSettings = ReaskSettings()
     judge: JudgeSettings | None = None  # judge-assisted level (PPI); off by default
+    # Reliability per segment (monitor.core.segments): {by: {header: X-Tenant}, max: 20}.
+    segments: dict[str, Any] | None = None
     k_max: int = Field(20, ge=1, le=200)
     k0: int = Field(3, ge=1)
     delta: float = Field(0.05, gt=0, lt=1)
@@ -176,6 +180,21 @@ class TaskSettings(_Strict):
             if not 0 < a < 1:
                 raise ValueError(f"alpha must be in (0, 1), got {a}")
         return sorted(set(v))
+
+    @field_validator("segments")
+    @classmethod
+    def _segments_parse(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        if v is not None:
+            try:
+                parse_segments(v, option="segments")
+            except ConfigError as e:  # "segments.max: ...": the location says "segments"
+                raise ValueError(str(e).removeprefix("segments").lstrip(".: ")) from None
+        return v
+
+    @property
+    def segment_spec(self) -> SegmentSpec | None:
+        """``segments`` parsed (None: the task has no segments)."""
+        return None if self.segments is None else parse_segments(self.segments)
 
     @field_validator("stopping_rule")
     @classmethod

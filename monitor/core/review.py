@@ -27,6 +27,7 @@ from monitor.core.consensus import Consensus
 from monitor.core.errors import InputError, TooLargeError
 from monitor.core.events import is_text
 from monitor.core.scores import rank_score
+from monitor.core.segments.labels import LABEL_PATTERN
 
 __all__ = [
     "MAX_ACCEPTED_RANKS",
@@ -87,6 +88,15 @@ def _served_rank(raw: Any, candidates: int) -> int | None:
     return raw
 
 
+def _segment(raw: Any) -> str | None:
+    """A review item's ``segment`` (absent: its task has no segments, or an older item)."""
+    if raw is None:
+        return None
+    if not isinstance(raw, str) or not LABEL_PATTERN.fullmatch(raw):
+        raise InputError("segment must be a segment label value")
+    return raw
+
+
 def _finite_or_inf(value: float) -> float | str:
     return value if math.isfinite(value) else "inf"
 
@@ -115,6 +125,10 @@ class ReviewItem:
     """The position (1-based) in ``candidates`` of the class of the answer production
     served; None when it is not known. A candidate of count 0 (last) is that class when
     the re-asks never drew it: offered, never ranked. Not shown on the review page."""
+    segment: str | None = None
+    """The item's segment label (``tasks[].segments``: a label value of
+    :mod:`monitor.core.segments`, ``other`` included), fixed when it was scored; None for
+    a task without segments (and every item written before them)."""
 
     @classmethod
     def from_consensus(
@@ -132,9 +146,11 @@ class ReviewItem:
         reask_changes: Mapping[str, Mapping[str, Any]] | None = None,
         api: str = "openai.chat",
         served: str | None = None,
+        segment: str | None = None,
     ) -> ReviewItem:
         """``served``: the served answer's class as shown (redacted like the candidates):
-        one of ``consensus.classes``, or offered after them with count 0."""
+        one of ``consensus.classes``, or offered after them with count 0. ``segment``: the
+        item's segment label, if its task has segments."""
         candidates = tuple(zip(consensus.classes, consensus.counts, strict=True))
         served_rank = None
         if served is not None:
@@ -157,6 +173,7 @@ class ReviewItem:
             reask_changes=dict(reask_changes or {}),
             api=api,
             served_rank=served_rank,
+            segment=segment,
         )
 
     @property
@@ -182,6 +199,8 @@ class ReviewItem:
             del d["reask_changes"]
         if self.served_rank is None:
             del d["served_rank"]
+        if self.segment is None:
+            del d["segment"]
         return d
 
     @classmethod
@@ -206,6 +225,7 @@ class ReviewItem:
                 reask_changes=_reask_changes(d.get("reask_changes")),
                 api=str(d.get("api") or "openai.chat"),  # items before the fourth round
                 served_rank=_served_rank(d.get("served_rank"), len(d["candidates"])),
+                segment=_segment(d.get("segment")),
             )
         except (KeyError, TypeError, ValueError, OverflowError) as exc:  # Overflow: Infinity
             raise InputError(f"malformed review item: {exc}") from None

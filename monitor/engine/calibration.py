@@ -5,6 +5,8 @@ A verdict (:meth:`Calibration.apply_verdict`) becomes a score by the one rule of
 :mod:`monitor.engine.verdicts`, is stored once by item id (the first stored verdict
 counts), and enters the window, the e-detector, ACI's alpha_t and the live check of the
 guarantee (was the score within the threshold in force when the item was scored?).
+A record with a segment label also enters that segment's window, beside the task's
+(:mod:`monitor.engine.segments`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from monitor.engine.ports import (
     VerdictOutcome,
 )
 from monitor.engine.runtime import TaskRuntime
+from monitor.engine.segments import SegmentWindows
 from monitor.engine.verdicts import VerdictScorer, calibration_record, ranks_beyond_candidates
 
 __all__ = [
@@ -67,6 +70,8 @@ class WindowState:
     judged: JudgedItems | None = None
     """With ``tasks[].judge``: the judge's labels (the prediction-powered level)."""
     ppi_at: float = -math.inf
+    segments: SegmentWindows | None = None
+    """The windows per segment label of the records (:mod:`monitor.engine.segments`)."""
 
     @property
     def aci_alpha(self) -> float | None:
@@ -104,12 +109,7 @@ class Calibration:
         if state is None:
             s = task.settings
             state = WindowState(
-                CalibrationWindow(
-                    alphas=task.alphas,
-                    max_items=s.window_size,
-                    half_life_s=s.half_life_s,
-                    min_inclusion_probability=s.review_floor,
-                ),
+                self._new_window(task),
                 detector=EDetector(
                     tau=s.reliability_target, alpha=s.alarm_alpha, pi_min=s.review_floor
                 ),
@@ -123,9 +123,21 @@ class Calibration:
                     if task.judge is not None
                     else None
                 ),
+                segments=SegmentWindows(lambda: self._new_window(task)),
             )
             self.windows[key] = state
         return state
+
+    @staticmethod
+    def _new_window(task: TaskRuntime) -> CalibrationWindow:
+        """An empty window with the task's settings (the task's, or a segment's)."""
+        s = task.settings
+        return CalibrationWindow(
+            alphas=task.alphas,
+            max_items=s.window_size,
+            half_life_s=s.half_life_s,
+            min_inclusion_probability=s.review_floor,
+        )
 
     def snapshot(self, model: str, task_name: str, *, max_age_s: float = 0.0) -> WindowSnapshot:
         """The window's snapshot now (cached for ``max_age_s`` seconds)."""
@@ -145,6 +157,9 @@ class Calibration:
         snapshot = self.snapshot(model, name)
         self.metrics.publish(model, name, snapshot, self.tasks[name].alphas)
         self.metrics.served.publish(model, name, snapshot.served)
+        if state.segments is not None:
+            alphas = self.tasks[name].alphas
+            state.segments.publish(self.metrics.segments, model, name, alphas, self.clock.time())
         self.metrics.review_queue_depth.labels(model, name).set(state.pending_reviews)
         now = self.clock.time()
         if state.judged is not None and now - state.ppi_at >= PPI_EVERY_S:
@@ -218,6 +233,8 @@ class Calibration:
             served=record.served_acceptable,
         )
         if added:
+            if state.segments is not None:  # the record's segment window, if it has one
+                state.segments.add(record, state.window)
             self._update_alarm(state, record.score, record.inclusion_probability)
             # ACI: one step per applied verdict, kept as counts (the same at a restart,
             # which replays the stored aci_miss, whatever order the verdicts came in).

@@ -28,6 +28,7 @@ from prometheus_client.registry import Collector
 from monitor.core.apis.registry import API_NAMES
 from monitor.core.ppi import PPIEstimate
 from monitor.core.window import WindowSnapshot
+from monitor.engine.segment_metrics import SegmentMetrics
 from monitor.engine.served import ServedAnswerMetrics
 
 __all__ = [
@@ -132,7 +133,7 @@ class Metrics:
     """Every relmon metric, in groups: the calibration (level, bound, thresholds), the
     items (sets, samples, durations, model calls), traffic and reviews, the live checks
     and health (SLI, coverage, alarm, breaker, sources), the budget (its use, the items
-    waiting), the judge and the served answer (``served``)."""
+    waiting), the judge, the served answer (``served``) and the segments (``segments``)."""
 
     def __init__(self, registry: CollectorRegistry, *, k_max: int = 20) -> None:
         self._calibration_metrics(registry)
@@ -142,6 +143,7 @@ class Metrics:
         self._budget_metrics(registry)
         self._judge_metrics(registry)
         self.served = ServedAnswerMetrics(registry)
+        self.segments = SegmentMetrics(registry)
 
     def _judge_metrics(self, registry: CollectorRegistry) -> None:
         """Judge-assisted calibration (``tasks[].judge``): absent for tasks without one."""

@@ -180,6 +180,11 @@ class CalibrationRecord:
     """Whether the verdict accepted the class of the answer production served
     (:func:`monitor.core.review.served_acceptable`); ``None``: the item had no served
     answer (and every record stored before relmon kept this). Persisted with the record."""
+    segment: str | None = None
+    """The item's segment label (:attr:`monitor.core.review.ReviewItem.segment`), fixed
+    when it was scored; ``None`` for a task without segments and every record stored
+    before them. Persisted with the record: every replica keys its per-segment windows
+    by it (:mod:`monitor.engine.segments`)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -82,6 +82,7 @@ class ReviewRouter:
             reask_changes=job.reask_changes,
             api=job.event.api,
             served=served,
+            segment=job.segment,
         )
 
     def _shown(self, consensus: Consensus, served: str | None) -> tuple[Consensus, str | None]:

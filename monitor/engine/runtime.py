@@ -26,6 +26,7 @@ from monitor.core.reask import FieldRules, ReaskPolicy
 from monitor.core.stopping import StoppingRule, fewest_samples
 from monitor.engine.metrics import TRAFFIC_DECISIONS
 from monitor.engine.ports import ModelClient
+from monitor.engine.segments import TaskSegments
 
 __all__ = ["Job", "ServiceStats", "TaskRuntime", "item_id", "item_seed_key"]
 
@@ -130,6 +131,12 @@ class TaskRuntime:
         names = [wanted] if wanted is not None else [n for n in API_NAMES if n != GENERIC]
         return tuple(get_api(n).rules for n in names)
 
+    @functools.cached_property
+    def segments(self) -> TaskSegments | None:
+        """The task's segments and their label table (``tasks[].segments``), if any."""
+        spec = self.settings.segment_spec
+        return None if spec is None else TaskSegments(spec)
+
     @property
     def target_alpha(self) -> float:
         return round(1.0 - self.settings.reliability_target, 10)
@@ -166,6 +173,9 @@ class Job:
     """The class of the answer production served (set by the worker; None: unknown)."""
     served_drawn: bool = False
     """Whether that answer was one of the item's draws (the re-ask was the request)."""
+    segment: str | None = None
+    """The item's segment label (set by the worker when it scores the item; None: its
+    task has no segments)."""
 
     @property
     def item_id(self) -> str:

@@ -22,12 +22,14 @@ from collections.abc import Sequence
 import structlog
 
 from monitor.config import BudgetSettings
+from monitor.core.apis.registry import capture_headers
 from monitor.core.errors import ConfigError
 from monitor.core.events import TrafficEvent
 from monitor.core.reask import override_fields
 from monitor.core.redaction import Redactor
 from monitor.core.review import ReviewItem, TaskProgress, Verdict
 from monitor.core.sampler import CallBudget
+from monitor.core.segments import load_language_detector
 from monitor.core.window import WindowSnapshot
 from monitor.engine.admission import RECENT_ITEM_IDS, AdmissionControl
 from monitor.engine.calibration import Calibration
@@ -43,6 +45,7 @@ from monitor.engine.ports import (
 from monitor.engine.reviews import ReviewRouter
 from monitor.engine.routing import TaskRouter
 from monitor.engine.runtime import Job, ServiceStats, TaskRuntime
+from monitor.engine.segments import detects_language, segment_headers
 from monitor.engine.verdicts import VerdictScorer
 from monitor.engine.workers import WorkerPool
 
@@ -121,6 +124,8 @@ class MonitorService:
             query_hash_key=query_hash_key or secrets.token_bytes(32),
             pace=budget.pace,
         )
+        # The headers the tasks' segments read stay on the traffic events (never re-sent).
+        capture_headers(segment_headers(t.segments for t in tasks))
         # A verdict for an unknown item, or one that cannot be read, has no model or task:
         # it is counted in relmon_verdicts_rejected_total{reason} (created at 0 by Metrics).
         for t in tasks:
@@ -175,7 +180,8 @@ class MonitorService:
         """Rebuild the windows from the store and prepare the canonicalizers that can
         be (an embedding model loads now, before traffic, not on the first item while
         live requests wait); returns how many records were loaded."""
-        for task in self.tasks.values():
+        tasks = self.tasks.values()
+        for task in tasks:
             warm = getattr(task.canonicalizer, "warm_up", None)
             if warm is not None:
                 started = self.clock.monotonic()
@@ -185,6 +191,10 @@ class MonitorService:
                     task=task.name,
                     seconds=round(self.clock.monotonic() - started, 3),
                 )
+        if detects_language(t.segments for t in tasks):
+            started = self.clock.monotonic()
+            await asyncio.to_thread(load_language_detector)  # once, off the event loop
+            log.info("language_detector_ready", seconds=round(self.clock.monotonic() - started, 3))
         loaded = await self.calibration.load()
         await self.calibration.load_judgements()
         # A restart recognises items it already reviewed.

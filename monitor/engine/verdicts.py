@@ -2,9 +2,10 @@
 
 A verdict scores its review item (:func:`monitor.core.review.verdict_score`: the
 smallest accepted rank, ``inf`` for none); the record carries that score with the item's
-model, task, inclusion probability, sampling time, ACI step and whether it accepted the
-served answer (:func:`monitor.core.review.served_acceptable`). The service applies it
-live; the Kafka store replays it from the topics at a restart; both call
+model, task, inclusion probability, sampling time, ACI step, whether it accepted the
+served answer (:func:`monitor.core.review.served_acceptable`) and its segment label.
+The service applies it live; the Kafka store replays it from the topics at a restart;
+both call
 :func:`calibration_record` with a :class:`VerdictScorer`, so the two cannot differ.
 """
 
@@ -74,4 +75,5 @@ def calibration_record(
         order=order,
         aci_miss=aci_miss(item, score),
         served_acceptable=served if item.served_rank is not None else None,
+        segment=item.segment,
     )

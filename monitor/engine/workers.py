@@ -12,6 +12,10 @@ re-ask is the production request unchanged (no field dropped, raised or set, the
 model), it is a draw of the same distribution: the first one, which the stopping rule
 sees, so the re-asks make one draw fewer (the budget settles the calls made, not the
 draws). Otherwise its class is only offered for review, outside the ranking.
+
+**The segment** of an item of a task with ``segments`` is fixed when the item is scored
+(:func:`monitor.engine.segments.segment_label`, the task's own label table), and goes
+with its review item to its verdict's calibration record.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from monitor.engine.metrics import Metrics
 from monitor.engine.ports import Clock, Judgement, ModelClient
 from monitor.engine.reviews import ReviewRouter
 from monitor.engine.runtime import Job, ServiceStats, TaskRuntime, item_seed_key
+from monitor.engine.segments import segment_label
 
 __all__ = ["WorkerPool"]
 
@@ -309,6 +314,9 @@ class WorkerPool:
         size of the set served at the task's target."""
         task = job.task
         model = task.model
+        job.segment = segment_label(
+            task.segments, job.event, lambda: task.api(job.event).query(job.event.request)
+        )
         snap = self.calibration.snapshot(model, task.name, max_age_s=1.0)
         sizes = {a: set_size(consensus, "rank", snap.thresholds[a]) for a in task.alphas}
         state = self.calibration.state(model, task)

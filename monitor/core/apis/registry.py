@@ -6,7 +6,7 @@ API that needs a task's options as ``generic`` does, in :func:`get_api`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Final
 
@@ -25,6 +25,8 @@ __all__ = [
     "DEFAULT_API",
     "GENERIC",
     "api_for_path",
+    "capture_headers",
+    "captured_headers",
     "carried",
     "carried_headers",
     "get_api",
@@ -57,10 +59,35 @@ only when production sent it). Never a credential."""
 MAX_CARRIED_CHARS: Final = 1024
 
 
+_CAPTURED: list[str] = []
+"""Header names (lower case) an event keeps beside the carried ones: the segment
+headers of the configured tasks (``tasks[].segments.by.header``), :func:`capture_headers`."""
+
+
+def capture_headers(names: Iterable[str]) -> None:
+    """Keep these headers (lower-cased) on every traffic event from now on, for the tasks
+    that segment by a header (``TrafficEvent.headers``; a re-ask never sends them:
+    :func:`carried` keeps only :data:`CARRIED_HEADERS`). Called once at start with the
+    configured tasks' segment headers, which are never credentials
+    (:mod:`monitor.core.segments.spec`); names only add up in a process."""
+    for name in sorted({name.lower() for name in names}):
+        if name not in _CAPTURED:
+            _CAPTURED.append(name)
+
+
+def captured_headers() -> frozenset[str]:
+    """The header names :func:`capture_headers` was given."""
+    return frozenset(_CAPTURED)
+
+
 def carried_headers(api: str, header: Callable[[str], str | None]) -> tuple[tuple[str, str], ...]:
-    """The headers of a production request (``header(name)``) that its re-asks carry."""
+    """The headers of a production request (``header(name)``) that its re-asks carry, and
+    those a task's segments read (:func:`capture_headers`): what its event keeps."""
     out = []
-    for name, _ in CARRIED_HEADERS.get(api, ()):
+    wanted = [name for name, _ in CARRIED_HEADERS.get(api, ())]
+    if _CAPTURED:
+        wanted.extend(name for name in _CAPTURED if name not in wanted)
+    for name in wanted:
         value = header(name)
         if value is not None and value.isprintable() and 0 < len(value) <= MAX_CARRIED_CHARS:
             out.append((name, value))

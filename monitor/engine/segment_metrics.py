@@ -1,0 +1,88 @@
+"""The per-segment calibration's metrics (DESIGN.md §6 "Reliability per segment").
+
+Built by :class:`monitor.engine.metrics.Metrics` on its registry (``metrics.segments``).
+Labels ``model``, ``task``, ``segment`` (and ``alpha`` for the thresholds). The label
+values of ``segment`` are the ones stored with the verdicts of the task's window
+(:attr:`monitor.engine.ports.CalibrationRecord.segment`), so that every replica exports
+the same series; a segment's series exist from its first verdict until no verdict of
+the task's window has its label any more (:mod:`monitor.engine.segments`). Like the
+task's level, they do not exist before the segment's first verdict: a 0 would read as
+"reliability 0".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Sequence
+
+from prometheus_client import CollectorRegistry, Gauge
+
+from monitor.core.window import WindowSnapshot
+
+__all__ = ["SegmentMetrics"]
+
+
+class SegmentMetrics:
+    """``relmon_segment_*`` (docs/metrics.md, "Segments")."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        mts = ("model", "task", "segment")
+        self.reliability_level = Gauge(
+            "relmon_segment_reliability_level",
+            "Weighted conformal reliability level 1 - alpha* of one segment's calibration "
+            "window (Mondrian: the segment's verdicts only).",
+            mts,
+            registry=registry,
+        )
+        self.reliability_lower_bound = Gauge(
+            "relmon_segment_reliability_lower_bound",
+            "One-sided Clopper-Pearson lower bound (95%) on P(top answer acceptable) in one "
+            "segment, from its effective calibration counts.",
+            mts,
+            registry=registry,
+        )
+        self.calibration_items = Gauge(
+            "relmon_segment_calibration_items",
+            "Scored verdicts in one segment's calibration window.",
+            mts,
+            registry=registry,
+        )
+        self.conformal_threshold = Gauge(
+            "relmon_segment_conformal_threshold",
+            "Conformal threshold M* at level alpha in one segment: the top-M* answers cover an "
+            "acceptable one with probability >= 1 - alpha within the segment (+Inf: no "
+            "finite set does).",
+            (*mts, "alpha"),
+            registry=registry,
+        )
+
+    def publish(
+        self,
+        model: str,
+        task: str,
+        segment: str,
+        snapshot: WindowSnapshot,
+        alphas: Sequence[float],
+    ) -> None:
+        """The gauges of one segment's window (an empty one has none)."""
+        if snapshot.n <= 0:
+            self.remove(model, task, segment, alphas)
+            return
+        self.reliability_level.labels(model, task, segment).set(snapshot.reliability_level)
+        self.reliability_lower_bound.labels(model, task, segment).set(
+            snapshot.reliability_lower_bound
+        )
+        self.calibration_items.labels(model, task, segment).set(snapshot.n)
+        for alpha in alphas:
+            value = snapshot.thresholds.get(alpha, math.inf)
+            self.conformal_threshold.labels(model, task, segment, f"{alpha:g}").set(value)
+
+    def remove(self, model: str, task: str, segment: str, alphas: Sequence[float]) -> None:
+        """Every series of one segment gone (it left the task's window)."""
+        for gauge in (self.reliability_level, self.reliability_lower_bound, self.calibration_items):
+            with contextlib.suppress(KeyError):
+                gauge.remove(model, task, segment)
+        for alpha in alphas:
+            with contextlib.suppress(KeyError):
+                self.conformal_threshold.remove(model, task, segment, f"{alpha:g}")

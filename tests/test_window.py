@@ -236,3 +236,20 @@ def test_a_verdict_sampled_after_now_counts_as_fresh_not_fresher() -> None:
     skewed = window.snapshot(now)
     assert skewed == window.snapshot(ahead)
     assert skewed.n == 2 and 0.0 < skewed.reliability_level < 1.0
+
+
+def test_a_window_whose_test_point_weighs_what_its_items_weighed() -> None:
+    """test_weight_seen (a segment reviewed above the task's floor): w* is the largest
+    1/pi held, not 1/min_inclusion_probability. 10 items at pi 0.2 (weight 5 each), 8
+    accepted: level 8*5 / (10*5 + 5) with w* = 5; with the floor 0.01, w* = 100."""
+    seen = CalibrationWindow(
+        alphas=(0.1,), half_life_s=None, min_inclusion_probability=0.01, test_weight_seen=True
+    )
+    floor = CalibrationWindow(alphas=(0.1,), half_life_s=None, min_inclusion_probability=0.01)
+    for i in range(10):
+        for w in (seen, floor):
+            w.add(f"i{i}", 1.0 if i < 8 else math.inf, 0.2, float(i))
+    assert seen.snapshot(10.0).reliability_level == pytest.approx(40 / 55)
+    assert floor.snapshot(10.0).reliability_level == pytest.approx(40 / 150)
+    seen.add("low", 1.0, 0.1, 11.0)  # an item reviewed at 0.1 weighs 10: w* follows it
+    assert seen.snapshot(12.0).reliability_level == pytest.approx(50 / (60 + 10))

@@ -15,11 +15,30 @@ from typing import Any
 
 from monitor.core.canon import get_canonicalizer, parse_canonicalizer_options
 from monitor.core.canon.base import QueryContext
-from monitor.core.certify import DEFAULT_ALPHAS, CertifyReport, Sample, certify, score_item
-from monitor.core.errors import InputError
+from monitor.core.certify import (
+    DEFAULT_ALPHAS,
+    CertifyReport,
+    Sample,
+    ScoredItem,
+    SegmentReport,
+    certify,
+    certify_segments,
+    min_calibration_items,
+    score_item,
+)
+from monitor.core.errors import ConfigError, InputError
 from monitor.core.scores import SCORE_NAMES
+from monitor.core.segments import DEFAULT_MAX_SEGMENTS, SegmentBy, label_value, segment_value
+from monitor.core.segments.spec import MAX_MAX_SEGMENTS
 
-__all__ = ["add_certify_parser", "read_labels", "read_samples", "report_to_json"]
+__all__ = [
+    "add_certify_parser",
+    "read_labels",
+    "read_samples",
+    "read_segment_labels",
+    "report_to_json",
+    "segments_to_json",
+]
 
 
 def _json_lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -112,6 +131,15 @@ def read_labels(path: Path) -> dict[str, tuple[int, tuple[str, ...]]]:
     return out
 
 
+def read_segment_labels(path: Path, by: SegmentBy) -> dict[str, str]:
+    """id → segment label value of each sample record: ``by`` (a JMESPath) evaluated on
+    the whole record, as the service evaluates ``{field: ...}`` on a request body."""
+    return {
+        _item_id(obj, str(path), line): label_value(segment_value(by, request=obj))
+        for line, obj in _json_lines(path)
+    }
+
+
 def _number(value: float) -> float | str | None:
     if math.isnan(value):
         return None
@@ -161,6 +189,30 @@ def report_to_json(report: CertifyReport, **meta: Any) -> dict[str, Any]:
     return out
 
 
+def _no_nan(value: Any) -> Any:
+    return None if isinstance(value, float) and math.isnan(value) else value
+
+
+def segments_to_json(segments: list[SegmentReport]) -> list[dict[str, Any]]:
+    """The ``segments`` list of ``--format json`` with ``--segment-by``: per segment
+    (busiest first, ``other`` last) its label, item count and report (as
+    :func:`report_to_json`), and per alpha whether it has too few calibration items
+    for a finite M* and how many it would need."""
+    out = []
+    for seg in segments:
+        doc = {k: _no_nan(v) for k, v in report_to_json(seg.report).items()}
+        out.append(
+            {
+                "segment": seg.label,
+                "items": seg.items,
+                **doc,
+                "too_few_reviews": {f"{a:g}": v for a, v in seg.too_few.items()},
+                "min_n": {f"{a:g}": min_calibration_items(a) for a in seg.report.alphas},
+            }
+        )
+    return out
+
+
 def _table(doc: dict[str, Any]) -> str:
     rows = [
         ("items (calibration)", f"{doc['n']}"),
@@ -178,8 +230,18 @@ def _table(doc: dict[str, Any]) -> str:
         rows.append(("items (test)", f"{doc['n_test']} ({doc['n_test_solvable']} solvable)"))
     width = max(len(label) for label, _ in rows) + 4
     lines = [f"{label:<{width}}{value}" for label, value in rows]
+    return "\n".join(lines + _alpha_lines(doc))
+
+
+def _alpha_lines(doc: dict[str, Any]) -> list[str]:
+    """The per-alpha table; a segment's rows end with a "too few reviews" note."""
+    too_few, min_n = doc.get("too_few_reviews", {}), doc.get("min_n", {})
+
+    def note(key: str) -> str:
+        return f"  too few reviews to know (n < {min_n[key]})" if too_few.get(key) else ""
+
+    lines = [""]
     if "n_test" in doc:
-        lines.append("")
         lines.append(
             f"{'alpha':>6} {'target':>7} {'M*':>5} {'coverage':>9} {'cond.cov':>9} {'|S| mean':>9}"
         )
@@ -191,14 +253,30 @@ def _table(doc: dict[str, Any]) -> str:
             )
             lines.append(
                 f"{key:>6} {1 - float(key):>7.2f} {m!s:>5} "
-                f"{_fmt(cov):>9} {_fmt(cond):>9} {_fmt(size):>9}"
+                f"{_fmt(cov):>9} {_fmt(cond):>9} {_fmt(size):>9}{note(key)}"
             )
     else:
-        lines.append("")
         lines.append(f"{'alpha':>6} {'target':>7} {'M*':>5}")
         for key, m in doc["thresholds"].items():
-            lines.append(f"{key:>6} {1 - float(key):>7.2f} {m!s:>5}")
-    return "\n".join(lines)
+            lines.append(f"{key:>6} {1 - float(key):>7.2f} {m!s:>5}{note(key)}")
+    return lines
+
+
+def _segment_table(doc: dict[str, Any]) -> str:
+    rows = [
+        ("items (calibration)", f"{doc['n']}"),
+        ("reliability level", f"{doc['reliability_level']:.4f}"),
+        (
+            f"  lower bound ({doc['lower_bound_confidence']:.0%})",
+            f"{doc['reliability_lower_bound']:.4f}",
+        ),
+    ]
+    if "n_test" in doc:
+        rows.append(("items (test)", f"{doc['n_test']} ({doc['n_test_solvable']} solvable)"))
+    width = max(len(label) for label, _ in rows) + 4
+    head = f"segment {doc['segment']} ({doc['items']} items)"
+    lines = [head, *(f"  {label:<{width}}{value}" for label, value in rows)]
+    return "\n".join(lines + ["  " + line if line else line for line in _alpha_lines(doc)])
 
 
 def _fmt(value: object) -> str:
@@ -253,12 +331,54 @@ def run_certify(args: argparse.Namespace) -> int:
         seed=args.seed,
         labels_unused=len(set(labels) - {s.id for _, s in samples}),
     )
+    if args.segment_by is not None:
+        segments = _segments(args, items, alphas)
+        doc.update(segment_by=args.segment_by.name, segment_max=args.segment_max)
+        doc["segments"] = segments_to_json(segments)
     if args.format == "json":
         json.dump(doc, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         print(_table(doc))
+        for seg in doc.get("segments", []):
+            print()
+            print(_segment_table(seg))
     return 0
+
+
+def _segments(
+    args: argparse.Namespace, items: list[ScoredItem], alphas: tuple[float, ...]
+) -> list[SegmentReport]:
+    labels = read_segment_labels(args.samples, args.segment_by)
+    return certify_segments(
+        items,
+        labels,
+        alphas,
+        score=args.score,
+        test_fraction=args.test_fraction,
+        seed=args.seed,
+        delta=args.delta,
+        max_segments=args.segment_max,
+    )
+
+
+def _segment_by(text: str) -> SegmentBy:
+    try:
+        return SegmentBy("field", text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("by.field: ")) from None
+
+
+def _segment_max(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= MAX_MAX_SEGMENTS:
+        raise argparse.ArgumentTypeError(
+            f"must be a whole number from 1 to {MAX_MAX_SEGMENTS}, not {text!r}"
+        )
+    return value
 
 
 def add_certify_parser(sub: Any) -> None:
@@ -288,4 +408,19 @@ def add_certify_parser(sub: Any) -> None:
     p.add_argument("--test-fraction", type=float, help="hold out this fraction as a test set")
     p.add_argument("--seed", type=int, default=0, help="seed for tie-breaking and the split")
     p.add_argument("--delta", type=_alpha, default=0.05, help="1 - confidence of the lower bound")
+    p.add_argument(
+        "--segment-by",
+        type=_segment_by,
+        metavar="FIELD",
+        help="also certify per segment: a JMESPath into each sample record "
+        "(a top-level key such as tenant, or metadata.tenant)",
+    )
+    p.add_argument(
+        "--segment-max",
+        type=_segment_max,
+        default=DEFAULT_MAX_SEGMENTS,
+        metavar="N",
+        help=f"segments with a block of their own, the busiest (default "
+        f"{DEFAULT_MAX_SEGMENTS}); the rest share 'other'",
+    )
     p.set_defaults(handler=run_certify)

@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 
 from monitor.core.errors import ConfigError, InputError
 
-__all__ = ["DEFAULT_BETS", "EDetector", "bet_grid"]
+__all__ = ["DEFAULT_BETS", "EDetector", "SplitDetectors", "bet_grid", "split_alpha"]
 
 DEFAULT_BETS: tuple[float, ...] = (0.02, 0.05, 0.1, 0.2, 0.4, 0.8)
 """Bets as fractions of the largest allowed, lambda * (1 - tau)."""
@@ -124,3 +124,67 @@ class EDetector:
         """Start again (after an acknowledged alarm, or a new model version)."""
         self.stats = [1.0] * len(self.bets)
         self.n = 0
+
+
+def split_alpha(alpha: float, slots: int) -> float:
+    """Bonferroni: the level of each of ``slots`` detectors that share ``alpha``.
+
+    ``slots`` must be fixed before any data (for segments: the label values a task can
+    have, ``max + 2``), never the number of detectors that happen to exist."""
+    if not 0.0 < alpha < 1.0:
+        raise ConfigError(f"alpha must be in (0, 1), got {alpha!r}")
+    if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
+        raise ConfigError(f"slots must be a whole number >= 1, got {slots!r}")
+    return alpha / slots
+
+
+@dataclass
+class SplitDetectors:
+    """One :class:`EDetector` per label (a segment), each at level ``alpha / slots``.
+
+    Why the false-alarm rate holds over all labels together. Each detector's
+    Shiryaev-Roberts process R^s (item 3 of the module docstring) moves only on its
+    own label's items, and E[R^s_t | past] <= R^s_{t-1} + 1 then. So sum_s R^s_t - t is
+    a supermartingale in t, the items of *all* labels; any detector at its threshold
+    ``slots / alpha`` puts the sum there, so the mean number of items to the first
+    false alarm of any label is >= slots / alpha >= 1 / alpha, however many labels
+    there are and however the items are spread over them. Dropping a detector (its
+    label left the window) sets its R^s to 0, which keeps the supermartingale. Over a
+    horizon, the union bound gives P(any false alarm) <= sum of the labels' own
+    probabilities, each for level alpha / slots.
+    """
+
+    tau: float
+    alpha: float = 0.001
+    pi_min: float = 1.0
+    slots: int = 1
+    fractions: Sequence[float] = DEFAULT_BETS
+    detectors: dict[str, EDetector] = field(init=False, default_factory=dict)
+    level: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.level = split_alpha(self.alpha, self.slots)
+        bet_grid(self.tau, self.fractions)  # the settings checked before any label
+        EDetector(self.tau, self.level, self.pi_min, self.fractions)
+
+    @property
+    def threshold(self) -> float:
+        """Each label's threshold, slots / alpha."""
+        return 1.0 / self.level
+
+    def update(self, label: str, accepted: bool, inclusion_probability: float = 1.0) -> float:
+        """One reviewed item of ``label``; that label's statistic after it."""
+        detector = self.detectors.get(label)
+        if detector is None:
+            detector = EDetector(self.tau, self.level, self.pi_min, self.fractions)
+        value = detector.update(accepted, inclusion_probability)  # raises before storing
+        self.detectors[label] = detector
+        return value
+
+    def drop(self, label: str) -> None:
+        """Forget ``label``'s detector (its statistic starts at 1 again)."""
+        self.detectors.pop(label, None)
+
+    def alarms(self) -> list[str]:
+        """The labels whose alarm is raised."""
+        return [label for label, d in self.detectors.items() if d.alarm]

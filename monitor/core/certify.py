@@ -7,31 +7,49 @@ the item being solvable (an acceptable class among the candidates at all).
 
 An item's generator is derived from the run's seed and a hash of its id, so the
 result does not depend on the order of the input files.
+
+Per segment (``--segment-by``, Mondrian conformal): :func:`certify_segments` makes the
+same split, then calibrates each of the busiest segments on its own calibration items
+and the rest together as ``other``; a segment with fewer than
+:func:`min_calibration_items` items has ``M* = inf`` at that alpha for want of reviews.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Mapping, Sequence
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from monitor.core.canon.base import INVALID, Canonicalizer, QueryContext
-from monitor.core.conformal import conformal_thresholds, reliability_level, reliability_lower_bound
+from monitor.core.conformal import (
+    conformal_thresholds,
+    quantile_index,
+    reliability_level,
+    reliability_lower_bound,
+)
 from monitor.core.consensus import Consensus, rank_classes
 from monitor.core.errors import CalibrationError, ConfigError
 from monitor.core.scores import SCORE_NAMES, item_score, set_size
+from monitor.core.segments.labels import OTHER
 
 __all__ = [
     "DEFAULT_ALPHAS",
     "CertifyReport",
     "Sample",
     "ScoredItem",
+    "SegmentReport",
+    "busiest_labels",
+    "calibrate",
     "certify",
+    "certify_segments",
     "item_rng",
+    "min_calibration_items",
     "score_item",
+    "split",
 ]
 
 DEFAULT_ALPHAS = (0.01, 0.05, 0.10, 0.15, 0.20, 0.25, 0.30)
@@ -167,35 +185,35 @@ def _score_counts(scores: np.ndarray, score: str) -> dict[str, int]:
     }
 
 
-def certify(
-    items: Sequence[ScoredItem],
-    alphas: Sequence[float] = DEFAULT_ALPHAS,
-    *,
-    score: str = "rank",
-    test_fraction: float | None = None,
-    seed: int = 0,
-    delta: float = 0.05,
+def split(
+    items: Sequence[ScoredItem], test_fraction: float | None, seed: int
+) -> tuple[list[ScoredItem], list[ScoredItem] | None]:
+    """(calibration, test): all items and None, or a random ``test_fraction`` held out."""
+    if test_fraction is None:
+        return list(items), None
+    if not 0.0 < test_fraction < 1.0:
+        raise CalibrationError(f"--test-fraction must be in (0, 1), got {test_fraction}")
+    order = np.random.default_rng(seed).permutation(len(items))
+    n_test = round(test_fraction * len(items))
+    if n_test < 1 or n_test >= len(items):
+        raise CalibrationError(
+            f"--test-fraction {test_fraction} leaves {len(items) - n_test} calibration "
+            f"and {n_test} test items out of {len(items)}; both must be at least 1"
+        )
+    return [items[i] for i in order[n_test:]], [items[i] for i in order[:n_test]]
+
+
+def calibrate(
+    calibration: Sequence[ScoredItem],
+    test: Sequence[ScoredItem] | None,
+    alphas: Sequence[float],
+    score: str,
+    delta: float,
 ) -> CertifyReport:
-    """Calibrate on ``items`` (or on a random ``1 - test_fraction`` of them)."""
-    if score not in SCORE_NAMES:
-        raise ConfigError(f"unknown score {score!r}")
-    calibration, test = list(items), None
-    if test_fraction is not None:
-        if not 0.0 < test_fraction < 1.0:
-            raise CalibrationError(f"--test-fraction must be in (0, 1), got {test_fraction}")
-        order = np.random.default_rng(seed).permutation(len(items))
-        n_test = round(test_fraction * len(items))
-        if n_test < 1 or n_test >= len(items):
-            raise CalibrationError(
-                f"--test-fraction {test_fraction} leaves {len(items) - n_test} calibration "
-                f"and {n_test} test items out of {len(items)}; both must be at least 1"
-            )
-        test = [items[i] for i in order[:n_test]]
-        calibration = [items[i] for i in order[n_test:]]
-    if not calibration:
-        raise CalibrationError("the calibration set is empty")
-    scores = np.array([it.score for it in calibration])
-    ranks = np.array([it.rank for it in calibration])
+    """The report of one calibration set (and its test set); ``calibration`` may be
+    empty (a segment with no calibration item): every threshold is then ``inf``."""
+    scores = np.array([it.score for it in calibration], dtype=float)
+    ranks = np.array([it.rank for it in calibration], dtype=float)
     n = scores.size
     thresholds = conformal_thresholds(scores, alphas)
     successes = int(np.count_nonzero(ranks <= 1.0))
@@ -209,10 +227,100 @@ def certify(
         delta=delta,
         thresholds=thresholds,
         mode_accuracy=evaluate(calibration, {}, score).mode_accuracy,
-        mean_samples=k_total / n,
+        mean_samples=k_total / n if n else math.nan,
         invalid_answer_rate=(
             sum(it.invalid_answers for it in calibration) / k_total if k_total else 0.0
         ),
         score_counts=_score_counts(scores, score),
         test=evaluate(test, thresholds, score) if test is not None else None,
     )
+
+
+def certify(
+    items: Sequence[ScoredItem],
+    alphas: Sequence[float] = DEFAULT_ALPHAS,
+    *,
+    score: str = "rank",
+    test_fraction: float | None = None,
+    seed: int = 0,
+    delta: float = 0.05,
+) -> CertifyReport:
+    """Calibrate on ``items`` (or on a random ``1 - test_fraction`` of them)."""
+    if score not in SCORE_NAMES:
+        raise ConfigError(f"unknown score {score!r}")
+    calibration, test = split(items, test_fraction, seed)
+    if not calibration:
+        raise CalibrationError("the calibration set is empty")
+    return calibrate(calibration, test, alphas, score, delta)
+
+
+# -- per segment (Mondrian) -----------------------------------------------------------
+
+
+def min_calibration_items(alpha: float) -> int:
+    """The fewest calibration items with which M*(alpha) can be finite: the least n with
+    k = ceil((n + 1)(1 - alpha)) <= n, that is n >= (1 - alpha) / alpha."""
+    n = max(0, math.floor((1.0 - alpha) / alpha) - 1)
+    while quantile_index(n, alpha) > n:
+        n += 1
+    return n
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentReport:
+    """One segment's certification: its label value (or ``other``), its item count
+    (calibration and test) and the report of its own calibration items."""
+
+    label: str
+    items: int
+    report: CertifyReport
+
+    @property
+    def too_few(self) -> dict[float, bool]:
+        """Per alpha: the segment has too few calibration items for a finite M* (k > n),
+        so ``inf`` says "too few reviews to know", not "no answer is good enough"."""
+        n = self.report.n
+        return {a: quantile_index(n, a) > n for a in self.report.alphas}
+
+
+def busiest_labels(labels: Iterable[str], max_segments: int) -> list[str]:
+    """The ``max_segments`` most frequent labels, busiest first (ties by value), as
+    :meth:`SegmentTable.snapshot` orders the service's holders."""
+    counts = Counter(labels)
+    ranked = sorted(counts, key=lambda label: (-counts[label], label))
+    return ranked[:max_segments]
+
+
+def certify_segments(
+    items: Sequence[ScoredItem],
+    labels: Mapping[str, str],
+    alphas: Sequence[float] = DEFAULT_ALPHAS,
+    *,
+    score: str = "rank",
+    test_fraction: float | None = None,
+    seed: int = 0,
+    delta: float = 0.05,
+    max_segments: int = 20,
+) -> list[SegmentReport]:
+    """Mondrian certification: ``labels`` maps each item id to its segment's label value;
+    the ``max_segments`` busiest segments are calibrated each on its own items, the rest
+    together as ``other`` (last). The calibration/test split is :func:`certify`'s, so the
+    segments partition the marginal report's calibration and test sets."""
+    if score not in SCORE_NAMES:
+        raise ConfigError(f"unknown score {score!r}")
+    own = busiest_labels((labels[it.id] for it in items), max_segments)
+    order = {label: i for i, label in enumerate(own)}
+
+    def group(item: ScoredItem) -> str:
+        label = labels[item.id]
+        return label if label in order else OTHER
+
+    calibration, test = split(items, test_fraction, seed)
+    present = own + ([OTHER] if any(labels[it.id] not in order for it in items) else [])
+    out = []
+    for label in present:
+        cal = [it for it in calibration if group(it) == label]
+        tst = None if test is None else [it for it in test if group(it) == label]
+        size = sum(1 for it in items if group(it) == label)
+        out.append(SegmentReport(label, size, calibrate(cal, tst, alphas, score, delta)))
+    return out

@@ -112,7 +112,13 @@ class CalibrationWindow:
         half_life_s: float | None = 3600.0,
         min_inclusion_probability: float = 1.0,
         lower_bound_delta: float = 0.05,
+        test_weight_seen: bool = False,
     ) -> None:
+        """``test_weight_seen``: the test point's weight w* is the largest 1/pi among the
+        items held (the smallest inclusion probability this window's items actually had,
+        as ``relmon simulate priority`` does) rather than ``1 / min_inclusion_probability``;
+        for a segment whose items are reviewed more often than the task's floor
+        (``segments.min_reviews_per_hour``), whose test point is reviewed the same way."""
         if max_items < 1:
             raise ConfigError("max_items must be >= 1")
         if half_life_s is not None and not (math.isfinite(half_life_s) and half_life_s > 0):
@@ -126,6 +132,7 @@ class CalibrationWindow:
         self.max_items = max_items
         self.half_life_s = half_life_s
         self.test_weight = 1.0 / min_inclusion_probability
+        self.test_weight_seen = test_weight_seen
         self.delta = lower_bound_delta
         self._entries: dict[str, _Entry] = {}
         self._heap: list[tuple[OrderKey, str]] = []  # min-heap on the order key
@@ -239,13 +246,16 @@ class CalibrationWindow:
         values = sorted(self._mass)
         masses = [self._mass[v] / _ONE for v in values]
         total = sum(self._mass.values()) / _ONE
+        test_weight = self.test_weight
+        if self.test_weight_seen and self._entries:
+            test_weight = max(1.0 / e.pi for e in self._entries.values())
         if self.half_life_s is None or not self._entries:
-            return values, masses, total, self.test_weight
+            return values, masses, total, test_weight
         # A verdict sampled "after" now (another replica's clock runs ahead) is as fresh
         # as can be, not fresher: ages are never negative.
         now = max(now, self._t_max)
         f = 2.0 ** (-(now - self._t_ref) / self.half_life_s)
-        return values, masses, total, (self.test_weight / f if f > 0 else math.inf)
+        return values, masses, total, (test_weight / f if f > 0 else math.inf)
 
     def threshold_at(self, alpha: float, now: float) -> float:
         """M* at any ``alpha`` (the adaptive alpha_t of ACI may leave (0, 1)).

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from monitor.core.alarm import EDetector
+from monitor.core.alarm import EDetector, SplitDetectors
 from monitor.core.conformal import AdaptiveAlpha
 from monitor.core.errors import InputError
 from monitor.core.review import ReviewItem, TaskProgress, Verdict, minimum_calibration_items
@@ -33,7 +33,7 @@ from monitor.engine.ports import (
     VerdictOutcome,
 )
 from monitor.engine.runtime import TaskRuntime
-from monitor.engine.segments import SegmentWindows
+from monitor.engine.segments import SegmentAlarms, SegmentWindows, segment_alarm_slots
 from monitor.engine.verdicts import VerdictScorer, calibration_record, ranks_beyond_candidates
 
 __all__ = [
@@ -72,6 +72,8 @@ class WindowState:
     ppi_at: float = -math.inf
     segments: SegmentWindows | None = None
     """The windows per segment label of the records (:mod:`monitor.engine.segments`)."""
+    segment_alarms: SegmentAlarms | None = None
+    """With ``tasks[].segments``: the alarm per segment, alpha split over max + 2 labels."""
 
     @property
     def aci_alpha(self) -> float | None:
@@ -123,20 +125,38 @@ class Calibration:
                     if task.judge is not None
                     else None
                 ),
-                segments=SegmentWindows(lambda: self._new_window(task)),
+                segments=SegmentWindows(lambda: self._new_window(task, segment=True)),
+                segment_alarms=self._segment_alarms(task),
             )
             self.windows[key] = state
         return state
 
     @staticmethod
-    def _new_window(task: TaskRuntime) -> CalibrationWindow:
-        """An empty window with the task's settings (the task's, or a segment's)."""
+    def _segment_alarms(task: TaskRuntime) -> SegmentAlarms | None:
+        """The task's alarms per segment (None: the task has no segments)."""
+        if task.segments is None:
+            return None
         s = task.settings
+        slots = segment_alarm_slots(task.segments.spec)
+        return SegmentAlarms(
+            SplitDetectors(
+                tau=s.reliability_target, alpha=s.alarm_alpha, pi_min=s.review_floor, slots=slots
+            )
+        )
+
+    @staticmethod
+    def _new_window(task: TaskRuntime, *, segment: bool = False) -> CalibrationWindow:
+        """An empty window with the task's settings (the task's, or a segment's). A
+        segment with ``min_reviews_per_hour`` has its items reviewed more often than the
+        task's floor: its test point weighs the largest 1/pi its items had, not 1/floor."""
+        s = task.settings
+        spec = task.segments.spec if segment and task.segments is not None else None
         return CalibrationWindow(
             alphas=task.alphas,
             max_items=s.window_size,
             half_life_s=s.half_life_s,
             min_inclusion_probability=s.review_floor,
+            test_weight_seen=spec is not None and spec.min_reviews_per_hour > 0,
         )
 
     def snapshot(self, model: str, task_name: str, *, max_age_s: float = 0.0) -> WindowSnapshot:
@@ -235,6 +255,8 @@ class Calibration:
         if added:
             if state.segments is not None:  # the record's segment window, if it has one
                 state.segments.add(record, state.window)
+                if state.segment_alarms is not None:  # and its alarm (same X_t, same pi)
+                    state.segment_alarms.add(record, state.segments)
             self._update_alarm(state, record.score, record.inclusion_probability)
             # ACI: one step per applied verdict, kept as counts (the same at a restart,
             # which replays the stored aci_miss, whatever order the verdicts came in).
@@ -396,6 +418,8 @@ class Calibration:
             return
         self.metrics.reliability_alarm_evalue.labels(model, task).set(state.detector.value)
         self.metrics.reliability_alarm.labels(model, task).set(1.0 if state.detector.alarm else 0.0)
+        if state.segment_alarms is not None:
+            state.segment_alarms.publish(self.metrics.segments, model, task)
 
     def aci_alpha(self, model: str, task_name: str) -> float | None:
         """The adaptive alpha_t served for the target's sets (None when ACI is off).

@@ -147,7 +147,8 @@ class TaskRuntime:
 
     def inclusion_probability(self, consensus: Consensus) -> float:
         """The item's inclusion probability pi (its chance to go to review): the task's
-        review rate, or by uncertainty with a floor."""
+        review rate, or by uncertainty with a floor. A segment's minimum review rate may
+        raise it (:mod:`monitor.engine.review_minimum`, applied by the worker)."""
         s = self.settings
         if s.review_priority == "uniform":
             return s.review_rate
@@ -174,8 +175,8 @@ class Job:
     served_drawn: bool = False
     """Whether that answer was one of the item's draws (the re-ask was the request)."""
     segment: str | None = None
-    """The item's segment label (set by the worker when it scores the item; None: its
-    task has no segments)."""
+    """The item's segment label (set by the worker once the item is ranked, before its
+    inclusion probability is decided; None: its task has no segments)."""
 
     @property
     def item_id(self) -> str:

@@ -56,6 +56,20 @@ class SegmentMetrics:
             (*mts, "alpha"),
             registry=registry,
         )
+        self.reliability_alarm_evalue = Gauge(
+            "relmon_segment_reliability_alarm_evalue",
+            "E-detector statistic for 'reliability below target' in one segment (anytime-"
+            "valid; the alarm fires at m/alpha_alarm, m = segments.max + 2: the false-alarm "
+            "rate is held over all segments of the task together).",
+            mts,
+            registry=registry,
+        )
+        self.reliability_alarm = Gauge(
+            "relmon_segment_reliability_alarm",
+            "1 while the anytime-valid reliability alarm of one segment is raised, else 0.",
+            mts,
+            registry=registry,
+        )
 
     def publish(
         self,
@@ -78,9 +92,20 @@ class SegmentMetrics:
             value = snapshot.thresholds.get(alpha, math.inf)
             self.conformal_threshold.labels(model, task, segment, f"{alpha:g}").set(value)
 
+    def publish_alarm(self, model: str, task: str, segment: str, value: float, alarm: bool) -> None:
+        """One segment's alarm: its statistic, and 1 while raised."""
+        self.reliability_alarm_evalue.labels(model, task, segment).set(value)
+        self.reliability_alarm.labels(model, task, segment).set(1.0 if alarm else 0.0)
+
     def remove(self, model: str, task: str, segment: str, alphas: Sequence[float]) -> None:
         """Every series of one segment gone (it left the task's window)."""
-        for gauge in (self.reliability_level, self.reliability_lower_bound, self.calibration_items):
+        for gauge in (
+            self.reliability_level,
+            self.reliability_lower_bound,
+            self.calibration_items,
+            self.reliability_alarm_evalue,
+            self.reliability_alarm,
+        ):
             with contextlib.suppress(KeyError):
                 gauge.remove(model, task, segment)
         for alpha in alphas:

@@ -1,11 +1,13 @@
 """Reliability per segment in the engine (DESIGN.md §6 "Reliability per segment").
 
-**The label of an item** is fixed by the worker when it scores the item
-(:func:`segment_label`): the raw value of the task's ``segments.by`` (a header the event
-kept, a JMESPath field of the production request, or the query's language), made a label
-by the task's own :class:`~monitor.core.segments.SegmentTable` (one per task, so per
-(model, task): a task has one ``model`` label), which gives the busiest ``max`` values a
-label of their own and the rest ``other``. The label goes with the review item
+**The label of an item** is fixed by the worker once the item is ranked, before its
+inclusion probability is decided (:func:`segment_label`; the segment's minimum review
+rate may raise it: :mod:`monitor.engine.review_minimum`): the raw value of the task's
+``segments.by`` (a header the event kept, a JMESPath field of the production request, or
+the query's language), made a label by the task's own
+:class:`~monitor.core.segments.SegmentTable` (one per task, so per (model, task): a task
+has one ``model`` label), which gives the busiest ``max`` values a label of their own and
+the rest ``other``. The label goes with the review item
 (``segment``), and from its verdict into the calibration record, where it is stored.
 
 **The windows per segment** (:class:`SegmentWindows`, one per (model, task), beside the
@@ -21,30 +23,39 @@ the segment label values exported are at most those of the task window's records
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 from collections.abc import Callable, Iterable, Sequence
 
+from monitor.core.alarm import SplitDetectors
+from monitor.core.errors import InputError
 from monitor.core.events import TrafficEvent
 from monitor.core.segments import SegmentSpec, SegmentTable, segment_value
 from monitor.core.window import CalibrationWindow, OrderKey
 from monitor.engine.ports import CalibrationRecord
+from monitor.engine.review_minimum import SegmentReviewRates
 from monitor.engine.segment_metrics import SegmentMetrics
 
 __all__ = [
+    "SegmentAlarms",
     "SegmentWindows",
     "TaskSegments",
     "detects_language",
+    "segment_alarm_slots",
     "segment_headers",
     "segment_label",
 ]
 
 
 class TaskSegments:
-    """A task's ``segments`` setting and its label table (the worker's, per task)."""
+    """A task's ``segments`` setting, its label table and its review rates per label
+    (``min_reviews_per_hour``: :mod:`monitor.engine.review_minimum`), the worker's, per
+    task."""
 
     def __init__(self, spec: SegmentSpec) -> None:
         self.spec = spec
         self.table = SegmentTable(spec.max)
+        self.reviews = SegmentReviewRates(spec.min_reviews_per_hour, max_labels=4 * (spec.max + 2))
 
     def label(self, event: TrafficEvent, query: Callable[[], str | None]) -> str:
         """Count ``event`` in the table; its label (``query``: the production query,
@@ -150,3 +161,38 @@ class SegmentWindows:
         self._gone.clear()
         for label, window in self.windows.items():
             metrics.publish(model, task, label, window.snapshot(now), alphas)
+
+
+def segment_alarm_slots(spec: SegmentSpec) -> int:
+    """m of the Bonferroni split: the label values a task can have, fixed by its setting
+    before any data (``max`` labels of their own, ``other`` and ``none``)."""
+    return spec.max + 2
+
+
+class SegmentAlarms:
+    """The anytime-valid alarm per segment of one (model, task) (docs/metrics.md,
+    "Segments"): one e-detector per segment label, each at ``alarm_alpha / m``
+    (:class:`~monitor.core.alarm.SplitDetectors`, m = :func:`segment_alarm_slots`), fed
+    the same reviewed items as the task's detector (X_t = top answer accepted, the same
+    pi_t), in the same order, so a restart's replay rebuilds them. A segment's detector
+    lives as long as its window (:class:`SegmentWindows`): when the last verdict of the
+    segment leaves the task's window, the detector goes with the segment's series."""
+
+    def __init__(self, detectors: SplitDetectors) -> None:
+        self.detectors = detectors
+
+    def add(self, record: CalibrationRecord, windows: SegmentWindows) -> None:
+        """``record``, just applied to the task's window and ``windows``."""
+        label = record.segment
+        if label is not None:
+            # InputError: reviewed under an older, lower floor, not in the task's alarm either
+            with contextlib.suppress(InputError):
+                self.detectors.update(label, record.score <= 1.0, record.inclusion_probability)
+        for gone in [s for s in self.detectors.detectors if s not in windows.windows]:
+            self.detectors.drop(gone)
+
+    def publish(self, metrics: SegmentMetrics, model: str, task: str) -> None:
+        """Every segment's alarm gauges (the series of segments gone are removed with
+        their windows' in :meth:`SegmentWindows.publish`)."""
+        for label, detector in self.detectors.detectors.items():
+            metrics.publish_alarm(model, task, label, detector.value, detector.alarm)

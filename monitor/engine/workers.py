@@ -13,9 +13,12 @@ model), it is a draw of the same distribution: the first one, which the stopping
 sees, so the re-asks make one draw fewer (the budget settles the calls made, not the
 draws). Otherwise its class is only offered for review, outside the ranking.
 
-**The segment** of an item of a task with ``segments`` is fixed when the item is scored
-(:func:`monitor.engine.segments.segment_label`, the task's own label table), and goes
-with its review item to its verdict's calibration record.
+**The segment** of an item of a task with ``segments`` is fixed once the item is ranked,
+before its inclusion probability is decided
+(:func:`monitor.engine.segments.segment_label`, the task's own label table): a segment
+short of ``segments.min_reviews_per_hour`` gets a raised inclusion probability
+(:mod:`monitor.engine.review_minimum`), which the review item stores for its 1/π weight.
+The label goes with the review item to its verdict's calibration record.
 """
 
 from __future__ import annotations
@@ -267,7 +270,7 @@ class WorkerPool:
                 return
             rng = item_rng(self.seed, item_seed_key(task.name, event.id))
             consensus = rank_classes(classes, rng)
-            pi = task.inclusion_probability(consensus)
+            pi = self._inclusion_probability(job, consensus)
             reviewed = bool(rng.random() < pi)
             if task.judge is not None:
                 await self._judge(job, task.judge, consensus)
@@ -279,6 +282,22 @@ class WorkerPool:
             self.budget.settle(job.reserved, used, self.clock.monotonic())
             if not job.done.done():
                 job.done.set_result(None)
+
+    def _inclusion_probability(self, job: Job, consensus: Consensus) -> float:
+        """Fix the item's segment label (``job.segment``) and return its inclusion
+        probability: the task's, raised for a segment short of its minimum review rate
+        (``segments.min_reviews_per_hour``). It depends on the ranking and the segment's
+        earlier traffic only, never on a draw or a verdict, so the 1/pi weights stay
+        right."""
+        task = job.task
+        pi = task.inclusion_probability(consensus)
+        segments = task.segments
+        job.segment = segment_label(
+            segments, job.event, lambda: task.api(job.event).query(job.event.request)
+        )
+        if segments is None or job.segment is None:
+            return pi
+        return segments.reviews.inclusion_probability(job.segment, pi, self.clock.monotonic())
 
     async def _judge(self, job: Job, judge: ModelClient, consensus: Consensus) -> None:
         """The judge's label of the item's top answer (``tasks[].judge``), stored and
@@ -314,9 +333,6 @@ class WorkerPool:
         size of the set served at the task's target."""
         task = job.task
         model = task.model
-        job.segment = segment_label(
-            task.segments, job.event, lambda: task.api(job.event).query(job.event.request)
-        )
         snap = self.calibration.snapshot(model, task.name, max_age_s=1.0)
         sizes = {a: set_size(consensus, "rank", snap.thresholds[a]) for a in task.alphas}
         state = self.calibration.state(model, task)

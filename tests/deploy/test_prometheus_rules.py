@@ -150,6 +150,9 @@ def test_no_page_on_fewer_than_the_minimum_reviews() -> None:
     assert (
         f"relmon_calibration_items >= {spec.min_reviews}" in exprs["RelmonReliabilityAlarm"]["expr"]
     )
+    segment = exprs["RelmonSegmentReliabilityAlarm"]["expr"]
+    assert f"relmon_segment_calibration_items >= {spec.min_reviews}" in segment
+    assert "segment)" in segment  # by deployment and segment
     below = exprs["RelmonReliabilityBelowTarget"]["expr"]
     assert f"relmon_calibration_effective_items >= {spec.min_effective_items}" in below
     assert spec.min_effective_items >= spec.min_reviews
@@ -159,6 +162,7 @@ def test_no_page_on_fewer_than_the_minimum_reviews() -> None:
     assert critical == {
         "RelmonReliabilityBelowTarget",
         "RelmonReliabilityAlarm",
+        "RelmonSegmentReliabilityAlarm",
         "RelmonErrorBudgetBurnFast",
         "RelmonDown",
         "RelmonAbsent",

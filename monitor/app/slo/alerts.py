@@ -101,6 +101,11 @@ def _too_few_expr(spec: SloSpec, lab: Labels) -> str:
         f"(\n  max by ({lab.deployment}) (relmon_reliability_alarm == 1)\n"
         f"  unless max by ({lab.deployment}) (relmon_calibration_items) >= {spec.min_reviews}\n)"
     )
+    seg = f"{lab.deployment}, segment"
+    parts.append(
+        f"(\n  max by ({seg}) (relmon_segment_reliability_alarm == 1)\n"
+        f"  unless max by ({seg}) (relmon_segment_calibration_items) >= {spec.min_reviews}\n)"
+    )
     return "\nor\n".join(parts)
 
 
@@ -110,8 +115,9 @@ def _too_few(spec: SloSpec, lab: Labels) -> Rule:
         _too_few_expr(spec, lab),
         alert=True,
         comment="A page held back: a burn-rate pair (page or ticket) is crossed, or the "
-        f"alarm is raised, but the deployment has fewer than {spec.min_reviews} reviewed "
-        "items in that window (no replica has more). A warning, not a page.",
+        f"alarm (of the task, or of a segment) is raised, but the deployment has fewer than "
+        f"{spec.min_reviews} reviewed items (of the task, or of the segment) in that window "
+        "(no replica has more). A warning, not a page.",
         labels={"severity": "warning"},
         annotations=alert_annotations(
             spec,
@@ -180,6 +186,36 @@ def _alarm(spec: SloSpec, lab: Labels) -> Rule:
     )
 
 
+def _segment_alarm(spec: SloSpec, lab: Labels) -> Rule:
+    return Rule(
+        "RelmonSegmentReliabilityAlarm",
+        f"""
+        max by ({lab.deployment}, segment) (
+          relmon_segment_reliability_alarm == 1
+          and relmon_segment_calibration_items >= {spec.min_reviews}
+        )
+        """,
+        alert=True,
+        comment="The anytime-valid e-detector of one segment (tasks[].segments), at "
+        "alarm_alpha / (max + 2): the false-alarm rate is held over all the segments of a "
+        f"task together, not per segment. Behind the same volume gate as the task's alarm, "
+        f"on the segment's own items: at least {spec.min_reviews} reviewed items of the "
+        "segment in a replica's window; max by deployment and segment: any replica's alarm.",
+        labels={"severity": "critical"},
+        annotations=alert_annotations(
+            spec,
+            "RelmonSegmentReliabilityAlarm",
+            f"{WHO}: reliability dropped below target in segment "
+            "{{ $labels.segment }} (anytime-valid alarm)",
+            "The sequential change detector on the reviewed items of segment "
+            "{{ $labels.segment }} has crossed its threshold: the evidence that the share of "
+            "accepted top answers in that segment fell below the task's target is strong "
+            "enough to page, with the false-alarm rate controlled at every moment over all "
+            "the task's segments together.",
+        ),
+    )
+
+
 def _coverage(spec: SloSpec, lab: Labels) -> Rule:
     w6h = spec.d("6h")
     return Rule(
@@ -221,6 +257,7 @@ def reliability_groups(spec: SloSpec) -> list[Group]:
             (
                 _below_target(spec, lab),
                 _alarm(spec, lab),
+                _segment_alarm(spec, lab),
                 _too_few(spec, lab),
                 _coverage(spec, lab),
             ),

@@ -256,7 +256,11 @@ def _table(
         assert seen == relayed[api], (api, seen)
         assert scored == relayed[api], (api, scored)
         assert failed == 0, (api, failed)
-        assert ok >= 2 * relayed[api], (api, ok)  # k0 = 2 at least per item
+        draws = _value(running, "relmon_samples_per_item_sum", model=MODEL, task=task)
+        assert draws >= 2 * relayed[api], (api, draws)  # k0 = 2 at least per item
+        # the served answer is a draw when the re-ask is the request unchanged: at most
+        # one call saved an item
+        assert draws - relayed[api] <= ok <= draws, (api, ok, draws)
         # Every re-ask went to this API's own path (Gemini: the non-streaming method).
         streaming = sum(
             after.get(p, 0) - before.get(p, 0)

@@ -30,10 +30,10 @@ from monitor.core.apis.base import AuthScheme, Route, is_text, require
 from monitor.core.errors import ConfigError, InputError
 from monitor.core.reask import FieldRules
 
-__all__ = ["GenericApi", "json_answer"]
+__all__ = ["GenericApi", "compiled_jmespath", "json_answer"]
 
 
-def _compiled(option: str, expression: object) -> ParsedResult:
+def compiled_jmespath(option: str, expression: object) -> ParsedResult:
     """``expression`` compiled; a :class:`ConfigError` that starts with ``option`` (the
     task's field) and names the expression when it is not JMESPath."""
     if not isinstance(expression, str) or not expression.strip():
@@ -90,8 +90,8 @@ class GenericApi:
     def __init__(self, query_path: str, answer_path: str) -> None:
         self.query_path: Final = query_path
         self.answer_path: Final = answer_path
-        self._query: Final = _compiled("query_path", query_path)
-        self._answer: Final = _compiled("answer_path", answer_path)
+        self._query: Final = compiled_jmespath("query_path", query_path)
+        self._answer: Final = compiled_jmespath("answer_path", answer_path)
 
     def recognises(self, path: str) -> bool:
         return False  # by the task's match.path_prefix, never by path alone

@@ -25,10 +25,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
-import jmespath
 from jmespath.exceptions import JMESPathError
 from jmespath.parser import ParsedResult
 
+from monitor.core.apis.generic import compiled_jmespath
 from monitor.core.errors import ConfigError
 from monitor.core.segments.language import detect_language
 
@@ -92,25 +92,12 @@ class SegmentBy:
             object.__setattr__(self, "name", self.name.lower())
         elif self.kind == "field":
             if self.expression is None:
-                object.__setattr__(self, "expression", _compiled(self.name))
+                object.__setattr__(self, "expression", compiled_jmespath("by.field", self.name))
         elif self.kind == "language":
             if self.name:
                 raise ConfigError(f"by: language takes no argument, not {self.name!r}")
         else:
             raise ConfigError(f"by: must be one of {_KINDS}, not {self.kind!r}")
-
-
-def _compiled(expression: object) -> ParsedResult:
-    if not isinstance(expression, str) or not expression.strip():
-        raise ConfigError(f"by.field: must be a JMESPath expression, not {expression!r}")
-    try:
-        return jmespath.compile(expression)
-    except JMESPathError as e:
-        where = getattr(e, "lex_position", None)
-        at = f" at column {where}" if isinstance(where, int) else ""
-        raise ConfigError(
-            f"by.field: {expression!r} is not a JMESPath expression (a syntax error{at})"
-        ) from None
 
 
 @dataclass(frozen=True, slots=True)

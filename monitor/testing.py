@@ -1,6 +1,6 @@
 """Fakes for tests of the service core (STYLE: fakes shipped with the package).
 
-Real components are tested against real servers in tests/kafka, tests/http and
+Real components are tested against real servers in tests/kafka, tests/traffic, tests/review and
 tests/model; these stand-ins only serve tests of the service's own logic.
 """
 

@@ -101,7 +101,7 @@ name (``unmonitored``: none relmon reads); counted, never raises."""
 
 UNMONITORED: Final = "unmonitored"
 # The standard APIs by the end of their path (monitor.core.apis: each API's ``recognises``,
-# which tests/http checks this against): tried in this order, chat before completions.
+# which tests/traffic checks this against): tried in this order, chat before completions.
 _SUFFIXES: Final[list[tuple[bytes, str]]] = [
     (b"/chat/completions", "openai.chat"),
     (b"/responses", "openai.responses"),

@@ -15,7 +15,7 @@ from playwright.sync_api import Browser
 
 from adapters.review.review_auth import ReviewAuth
 from tests.browser.test_review_page import browser, http_get, new_tab, page_server, sign_in
-from tests.http.test_review_api import item
+from tests.review.test_review_api import item
 
 __all__ = ["browser"]  # the fixture, used here
 

@@ -17,7 +17,7 @@ from typing import Any
 from playwright.sync_api import Browser
 
 from tests.browser.test_review_page import TOKEN, browser, new_tab, page_server, sign_in
-from tests.http.test_review_api import item
+from tests.review.test_review_api import item
 
 __all__ = ["browser"]  # the fixture, used here
 

@@ -26,7 +26,7 @@ from adapters.kafka.verdicts import KafkaVerdictConsumer
 from monitor.core.review import ReviewItem, verdict_score
 from monitor.engine.service import MonitorService
 from monitor.testing import ManualClock
-from tests.http.test_restart_calibration import (
+from tests.sqlite.test_restart_calibration import (
     CANDIDATES,
     MODEL,
     T0,

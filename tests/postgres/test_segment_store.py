@@ -25,7 +25,7 @@ from tests.engine.test_segments_engine import (
     _samples,
     _service,
 )
-from tests.http.test_sqlite_store import item, record
+from tests.sqlite.test_sqlite_store import item, record
 from tests.postgres import Opener, PostgresCluster
 
 pytestmark = pytest.mark.timeout(300)

@@ -13,7 +13,7 @@ import pytest
 from adapters.postgres.schema import MIGRATIONS, SCHEMA_VERSION
 from adapters.postgres.store import PostgresStore
 from monitor.core.review import Verdict
-from tests.http.test_sqlite_store import item, record
+from tests.sqlite.test_sqlite_store import item, record
 from tests.postgres import Opener, PostgresCluster
 
 pytestmark = pytest.mark.timeout(300)

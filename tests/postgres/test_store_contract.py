@@ -22,7 +22,7 @@ from adapters.postgres.store import PostgresStore
 from monitor.core.errors import ConfigError, InputError
 from monitor.core.review import Verdict
 from monitor.engine.ports import Judgement
-from tests.http.test_sqlite_store import item, record
+from tests.sqlite.test_sqlite_store import item, record
 from tests.postgres import Opener, PostgresCluster
 
 pytestmark = pytest.mark.timeout(300)

@@ -1,5 +1,5 @@
 """The inline proxy's HTTP/1.1 behaviour, case by case, against a scripted upstream on raw
-sockets (:mod:`tests.http.raw_upstream`) and raw-socket clients where the framing is
+sockets (:mod:`tests.traffic.raw_upstream`) and raw-socket clients where the framing is
 the point: SSE event by event, chunked and close-delimited bodies, 204/304/HEAD,
 repeated Set-Cookie, hop-by-hop headers both ways, exact targets, keep-alive and pooled
 upstream connections, pipelining, 502/504, a client leaving mid-stream, 200 concurrent

@@ -1,4 +1,4 @@
-"""The proxy conformance suite's streaming case for every wire API (tests/http/
+"""The proxy conformance suite's streaming case for every wire API (tests/traffic/
 test_proxy_conformance.py holds the rest, which no path changes): each API's own SSE
 stream, as its SDK reads it, reaches the client event by event (each before the upstream
 sent the next), and once it ended the event is offered with the answer read from that

@@ -21,7 +21,7 @@ from adapters.review.review_page import ReviewPage
 from adapters.sqlite.store import SqliteStore
 from monitor.core.review import TaskProgress, Verdict, minimum_calibration_items
 from monitor.testing import ManualClock
-from tests.http.test_review_api import AUTH, TOKEN, Handler, item
+from tests.review.test_review_api import AUTH, TOKEN, Handler, item
 
 
 @dataclass

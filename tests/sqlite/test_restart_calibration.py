@@ -36,7 +36,7 @@ from monitor.engine.metrics import Metrics
 from monitor.engine.ports import CalibrationStore, ReviewQueue
 from monitor.engine.service import MonitorService, TaskRuntime
 from monitor.testing import FakeModelClient, ManualClock
-from tests.http.test_sqlite_store import SCHEMA_2_RECORDS
+from tests.sqlite.test_sqlite_store import SCHEMA_2_RECORDS
 
 MODEL, TASK = "sim-1", "arith"
 T0 = 1_800_000_000.0

@@ -23,7 +23,7 @@ from .conftest import COMPILED, COMPLETION_BYTES, Recorder, StartTraffic, Upstre
 plain_python_only = pytest.mark.skipif(
     COMPILED,
     reason="injects a bug by patching the data plane, which compiled code does not see: "
-    "tests/http/test_plain_python.py runs it on the plain-Python modules",
+    "tests/traffic/test_plain_python.py runs it on the plain-Python modules",
 )
 
 CHAT = {"model": "m1", "messages": [{"role": "user", "content": "What is 6*7?"}]}

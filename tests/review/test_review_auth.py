@@ -24,7 +24,7 @@ from monitor.app.cli import main
 from monitor.app.wiring import build_review_auth
 from monitor.config import load_settings
 from monitor.core.errors import ConfigError
-from tests.http.test_review_api import TOKEN, Handler, item
+from tests.review.test_review_api import TOKEN, Handler, item
 
 ANN, BOB = "ann-token-0123456789abcdef", "bob-token-fedcba9876543210"
 TOKENS_FILE = f"# reviewers of the qa team\nann@example.com:{ANN}\n\nbob:{BOB}\n"

@@ -27,7 +27,7 @@ from monitor.core.review import (
     MAX_TASK_NAME_CHARS,
     parse_verdict,
 )
-from tests.http.test_review_api import AUTH, TOKEN, Api, Handler, item
+from tests.review.test_review_api import AUTH, TOKEN, Api, Handler, item
 
 REVIEWER, ANSWER, RANKS, ITEM_ID = 256, 4096, 200, 1024
 """The documented limits: characters of reviewer, correct answer and item id, and

@@ -15,9 +15,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA_PLANE_TESTS = (
-    "tests/http/test_proxy_conformance.py",
-    "tests/http/test_traffic_never_dies.py",
-    "tests/http/test_mirror_proxy.py",
+    "tests/traffic/test_proxy_conformance.py",
+    "tests/traffic/test_traffic_never_dies.py",
+    "tests/traffic/test_mirror_proxy.py",
     "tests/engine/test_admission_any_model.py",
     "tests/model/test_model_transport.py",
     "tests/model/test_openai_client.py",

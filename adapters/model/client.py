@@ -28,9 +28,11 @@ Outcomes
     circuit) with one of :data:`OUTCOMES`: ``ok``; ``timeout`` (the client's timeout,
     or HTTP 408); ``rate_limited`` (429); ``server_error`` (5xx); ``client_error``
     (other 4xx, or a redirect, which is never followed so the key cannot leak);
-    ``invalid_response`` (a 2xx body that is not JSON, is not a well-formed response
-    of its API (:meth:`~monitor.core.apis.base.WireApi.answers`: for chat, lacks
-    ``choices[i].message.content`` or has non-string content), or is over
+    ``invalid_response`` (a 2xx body that is not JSON, nor, for an API that draws one
+    answer a call, an SSE stream holding the answer, read as production's stream is
+    read; is not a well-formed response of its API
+    (:meth:`~monitor.core.apis.base.WireApi.answers`: for chat, lacks
+    ``choices[i].message.content`` or has non-string content); or is over
     ``max_response_bytes``); ``connection_error``; ``circuit_open``.
 
 Retries
@@ -52,10 +54,15 @@ Retries
     retried: that would bias the sample towards text answers.
 
 Circuit breaker
-    After ``breaker_threshold`` consecutive failed calls (timeouts, 429, 5xx,
-    connection errors, invalid responses; a 4xx shows the endpoint is up and counts
-    as a success) the circuit opens: calls fail at once with outcome ``circuit_open``
-    and ``ModelCallError(retriable=True)``, without touching the network. After
+    It counts endpoint failures only: after ``breaker_threshold`` consecutive failed
+    calls (timeouts, 429, 5xx, connection errors) the circuit opens. An answer the
+    endpoint gave but relmon cannot read (``invalid_response``: not JSON, not the API's
+    shape, too big) follows from what the request asked as much as from the endpoint (a
+    stream, a long answer), and no client may stop a task's monitoring with such
+    requests: like a 4xx it shows the endpoint up and counts as a success for the
+    breaker (it is still counted as its outcome, retried, and in the end fails the
+    call). Once open, calls fail at once with outcome ``circuit_open`` and
+    ``ModelCallError(retriable=True)``, without touching the network. After
     ``breaker_cooldown_s`` one trial call goes through (half-open); its success closes
     the circuit, its failure opens it for another cooldown. While the circuit is not
     closed, ``sample`` sends the first call of a batch alone and the rest only after it
@@ -74,18 +81,17 @@ way and never appears in a message, a repr or a log.
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final, Literal, get_args
 from urllib.parse import urlsplit, urlunsplit
 
+from adapters.model.calls import ApiCall, Call, ChatCall
 from adapters.model.limits import CircuitBreaker, TokenBucket
 from adapters.model.transport import ModelTransport, TransportError, host_and_port
 from adapters.model.wire import (
     FORWARDED_FIELDS,
     build_body,
-    encode,
     forward_body,
     parse_completion,
     parse_retry_after,
@@ -130,6 +136,8 @@ _RETRY_KIND: Final[dict[str, str]] = {
     "invalid_response": "invalid",
 }
 DEFAULT_INVALID_RETRIES: Final = 2
+_ENDPOINT_UP: Final = frozenset({"client_error", "invalid_response"})
+"""Failed outcomes that show the endpoint up and answering: never a breaker failure."""
 _TRANSPORT_OUTCOME: Final[dict[str, Outcome]] = {
     "timeout": "timeout",
     "too_big": "invalid_response",
@@ -272,8 +280,8 @@ class HttpModelClient:
         if n == 0:
             return []
         if api is None or (api.name == "openai.chat" and route is None):
-            return await self._sample(self._chat_body(request), n, _ChatCall())
-        call = _ApiCall(api, route)
+            return await self._sample(self._chat_body(request), n, ChatCall())
+        call = ApiCall(api, route)
         body = dict(request)
         if api.rules.model is not None and self._forward:
             body.setdefault(api.rules.model, self._model)
@@ -291,7 +299,7 @@ class HttpModelClient:
             )
         )
 
-    async def _sample(self, body: dict[str, Any], n: int, how: _Call) -> list[str]:
+    async def _sample(self, body: dict[str, Any], n: int, how: Call) -> list[str]:
         """``n`` answers: one call for as many as the API draws a call (with
         ``supports_n``), single calls in parallel for the rest."""
         texts: list[str] = []
@@ -320,7 +328,7 @@ class HttpModelClient:
             raise _first_model_error(eg) from None
         return texts + [task.result()[0] for task in tasks]
 
-    async def _call(self, payload: bytes, how: _Call) -> list[str]:
+    async def _call(self, payload: bytes, how: Call) -> list[str]:
         """One logical call with retries: the choices' texts, or ModelCallError."""
         attempt = 0
         used = dict.fromkeys(RETRY_KINDS, 0)
@@ -351,7 +359,7 @@ class HttpModelClient:
         cap = min(self._backoff_max_s, self._backoff_base_s * 2.0 ** min(attempt, 60))
         return cap / 2 + self._rng.uniform(0.0, cap / 2)
 
-    async def _attempt(self, payload: bytes, how: _Call) -> list[str]:
+    async def _attempt(self, payload: bytes, how: Call) -> list[str]:
         """One HTTP call through the breaker, the concurrency slots and the rate limit."""
         allowed, trial = self._breaker.admit()
         if not allowed:
@@ -365,7 +373,7 @@ class HttpModelClient:
                         await self._sleep(wait)
                 texts = await self._post(payload, how)
         except _CallError as failed:
-            self._breaker.record(failed.outcome == "client_error", trial)
+            self._breaker.record(failed.outcome in _ENDPOINT_UP, trial)
             self._report(failed.outcome)
             raise
         except BaseException:
@@ -379,7 +387,7 @@ class HttpModelClient:
         if self._on_outcome is not None:
             self._on_outcome(outcome)
 
-    async def _post(self, payload: bytes, how: _Call) -> list[str]:
+    async def _post(self, payload: bytes, how: Call) -> list[str]:
         if self._closed:
             raise ModelCallError("model client is closed", retriable=False)
         try:
@@ -420,61 +428,6 @@ class HttpModelClient:
                 status=status,
             )
         return _CallError("client_error", f"HTTP {status}", status=status)
-
-
-class _Call:
-    """How one call is sent and read (see :class:`_ChatCall`, :class:`_ApiCall`)."""
-
-    max_draws: int = 1
-    path: str | None = None
-    auth: str = "bearer"
-    headers: tuple[tuple[str, str], ...] = ()
-
-    def payload(self, body: Mapping[str, Any], n: int) -> bytes:
-        raise NotImplementedError
-
-    def parse(self, raw: bytes) -> list[str]:
-        raise NotImplementedError
-
-
-class _ChatCall(_Call):
-    """A chat-completions call to the base URL + ``/chat/completions``."""
-
-    def __init__(self) -> None:
-        self.max_draws = 1 << 30
-        self.path = "/chat/completions"
-
-    def payload(self, body: Mapping[str, Any], n: int) -> bytes:
-        return encode({**body, "n": n} if n > 1 else body)
-
-    def parse(self, raw: bytes) -> list[str]:
-        return parse_completion(raw)
-
-
-class _ApiCall(_Call):
-    """A call in ``api``, by ``route``."""
-
-    def __init__(self, api: WireApi, route: Route | None) -> None:
-        self.api = api
-        self.max_draws = api.max_draws_per_call
-        self.auth = api.auth
-        if route is not None:
-            self.path = route.path
-            self.headers = route.headers
-        else:
-            self.path = "/chat/completions"
-
-    def payload(self, body: Mapping[str, Any], n: int) -> bytes:
-        return encode(self.api.with_draws(body, n))
-
-    def parse(self, raw: bytes) -> list[str]:
-        try:
-            doc = json.loads(raw)
-        except (ValueError, RecursionError):
-            raise InputError("body is not JSON") from None
-        if not isinstance(doc, dict):
-            raise InputError("body is not a JSON object")
-        return self.api.answers(doc)
 
 
 def shown_url(url: str) -> str:

@@ -34,7 +34,6 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Final
 
 import msgspec
-import structlog
 
 from adapters.traffic import messages
 from monitor.core.apis.base import WireApi
@@ -49,12 +48,14 @@ from monitor.core.events import (
 )
 from monitor.core.failures import internal_error, raised_at
 from monitor.core.sampler import SampleKey
+from monitor.engine.logs import ThrottledLog
 from monitor.engine.ports import EventSink
 
 __all__ = [
     "MAX_PENDING_BYTES",
     "MAX_PENDING_OFFERS",
     "MAX_REQUEST_ID",
+    "NOT_UNICODE",
     "OFFERS_PER_TURN",
     "HeaderView",
     "Intake",
@@ -139,7 +140,9 @@ at once."""
 OFFERS_PER_TURN = 4
 """Offers of a batch handled in one turn of the event loop: the first runs cold, the
 next ones warm, and live requests go between two turns."""
-_log = structlog.get_logger(__name__)
+_log = ThrottledLog(name=__name__)
+"""A bug a client's request ran into is logged, at most once per cause per interval."""
+NOT_UNICODE: Final = "request body is not valid Unicode (UTF-8)"
 _decode = msgspec.json.Decoder().decode
 _EMPTY: Mapping[str, Any] = {}
 # A request without X-Request-Id: its draw, and, when sampled, a random item id of 128
@@ -404,7 +407,10 @@ class Intake:
             count(str(exc))
         except Exception as exc:  # a bug, here or in the sink
             reason = internal_error(exc)
-            _log.error("traffic_event_failed", source=self.source, error=reason, at=raised_at(exc))
+            at = raised_at(exc)
+            _log.error(
+                "traffic_event_failed", key=(reason, at), source=self.source, error=reason, at=at
+            )
             count(reason)
 
     def event(  # noqa: PLR0917  (the relayed request's fields)
@@ -426,6 +432,8 @@ class Intake:
             raise InputError("request body in a content-encoding relmon cannot read")
         try:
             body = _decode(plain)
+        except UnicodeDecodeError:  # msgspec's, for a string that is not UTF-8
+            raise InputError(NOT_UNICODE) from None
         except (msgspec.DecodeError, RecursionError):  # also too deep, or 5,000 digits
             raise InputError("invalid JSON") from None
         if not isinstance(body, dict):

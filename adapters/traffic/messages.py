@@ -103,7 +103,8 @@ def strip_hop_by_hop(headers: Iterable[tuple[str, str]], connection: str) -> CIM
 
 def answer_text(body: bytes, headers: Mapping[str, str], api: WireApi | None = None) -> str | None:
     """The model's answer in a response body of ``api`` (chat by default), JSON or SSE
-    (None when unknown)."""
+    (None when unknown: a body that is cut, not JSON or not UTF-8 loses the served
+    answer, never the event)."""
     plain = decoded(body, headers.get("Content-Encoding", ""))
     if plain is None:
         return None
@@ -112,7 +113,11 @@ def answer_text(body: bytes, headers: Mapping[str, str], api: WireApi | None = N
             return sse_response_text(plain)
         return json_response_text(plain)
     if is_event_stream(headers.get("Content-Type", "")):
-        text = api.stream_answer(sse_payloads(plain))
+        try:  # not UTF-8: the served answer is lost, never a guess with U+FFFD in it
+            stream = plain.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+        text = api.stream_answer(sse_payloads(stream))
     else:
         doc = _document(plain)
         text = api.answer(doc) if isinstance(doc, dict) else None
@@ -122,10 +127,10 @@ def answer_text(body: bytes, headers: Mapping[str, str], api: WireApi | None = N
 def _document(body: bytes) -> Any:
     """A JSON body read by msgspec, or by json what msgspec refuses and json reads (NaN,
     a lone surrogate's escape, UTF-16), so the document is the same either way; None when
-    it is not JSON."""
+    it is not JSON (or not UTF-8: msgspec raises UnicodeDecodeError, a ValueError)."""
     try:
         return _decode(body)
-    except (msgspec.DecodeError, RecursionError):
+    except (msgspec.DecodeError, ValueError, RecursionError):
         try:
             return json.loads(body)
         except (ValueError, RecursionError):

@@ -13,12 +13,13 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Final
 
-import structlog
-
-from monitor.core.apis.registry import DEFAULT_API
+from monitor.core.apis.generic import GenericApi
+from monitor.core.apis.paths import UNSAFE_PATH
+from monitor.core.apis.registry import DEFAULT_API, path_refused
 from monitor.core.errors import InputError
 from monitor.core.events import TrafficEvent
 from monitor.core.sampler import CallBudget, SampleKey, sampled
+from monitor.engine.logs import ThrottledLog
 from monitor.engine.metrics import UNMONITORED, Metrics
 from monitor.engine.ports import Admission, CalibrationStore, Clock
 from monitor.engine.routing import TaskRouter
@@ -26,7 +27,9 @@ from monitor.engine.runtime import Job, ServiceStats, TaskRuntime, item_id
 
 __all__ = ["HEAD_COUNTED", "RECENT_ITEM_IDS", "AdmissionControl"]
 
-log = structlog.get_logger("relmon")
+_throttled = ThrottledLog()
+"""The lines a client's requests trigger (a rejection, a request not re-asked):
+rate-limited per reason, with the count held back."""
 
 HEAD_COUNTED: Final = ("mirror", "proxy")
 """Sources whose requests the traffic port counts by API from their head (every other
@@ -78,7 +81,7 @@ class AdmissionControl:
     def reject(self, source: str, reason: str) -> None:
         """A malformed event a source could not parse (already dead-lettered by it)."""
         self.count(source, "rejected")
-        log.warning("event_rejected", source=source, reason=reason)
+        _throttled.warning("event_rejected", key=(source, reason), source=source, reason=reason)
 
     def offer(self, event: TrafficEvent, source: str, *, wait: bool = False) -> Admission:
         """Admit or not; never blocks, never raises for a bad event (see the module)."""
@@ -113,18 +116,38 @@ class AdmissionControl:
         return Admission("sampled", job.done)
 
     def _not_reasked(self, event: TrafficEvent, task: TaskRuntime, source: str) -> Admission | None:
-        """A sampled event whose API the task cannot re-ask in (rejected), or that must
-        not be re-asked (``not_reasked``, by reason); None: it may be."""
+        """A sampled event whose API the task cannot re-ask in, or that its task's API
+        refuses (a generic ``query_path`` that finds no text, a Gemini model name that is
+        not one path segment, no model at all): rejected; one that must not
+        be re-asked (``not_reasked``, by reason: a target a client shaped to go
+        elsewhere, :func:`~monitor.core.apis.paths.unsafe_path`, or, generic, a path
+        outside the task's ``match.path_prefix``; a conversation, a provider-run tool);
+        None: it may be."""
         try:
             api = task.api(event)
+            if isinstance(api, GenericApi):  # its rules are its task's: checked here
+                api.check_request(event.request)
+            refused = path_refused(api, event.path)
+            if not refused:  # a model the API's path cannot hold: refused here, not later
+                api.route(event.request, event.path, task.settings.endpoint.model)
         except InputError as exc:  # counted by the source, which rejects it its way
             return Admission("rejected", reason=str(exc))
-        reason = api.not_reasked(event.request, task.server_tools)
+        if refused:
+            reason: str | None = UNSAFE_PATH
+        else:
+            reason = api.not_reasked(event.request, task.server_tools)
         if reason is None:
             return None
         self.count(source, "not_reasked")
         self.metrics.not_reasked.labels(task.model, task.name, reason).inc()
-        log.info("event_not_reasked", source=source, task=task.name, api=api.name, reason=reason)
+        _throttled.info(
+            "event_not_reasked",
+            key=(task.name, reason),
+            source=source,
+            task=task.name,
+            api=api.name,
+            reason=reason,
+        )
         return Admission("not_reasked")
 
     def skip_unsampled(

@@ -43,6 +43,7 @@ from monitor.core.sampler import CallBudget
 from monitor.core.scores import set_size
 from monitor.engine.calibration import Calibration
 from monitor.engine.judged import ask_judge
+from monitor.engine.logs import ThrottledLog
 from monitor.engine.metrics import Metrics
 from monitor.engine.ports import Clock, Judgement, ModelClient
 from monitor.engine.reviews import ReviewRouter
@@ -52,6 +53,9 @@ from monitor.engine.segments import segment_label
 __all__ = ["WorkerPool"]
 
 log = structlog.get_logger("relmon")
+_throttled = ThrottledLog()
+"""The lines a client's request or an endpoint's outage can trigger for every item (an
+item abandoned, a judge call failed): at most one per task and cause per interval."""
 
 
 async def _yield() -> None:
@@ -264,8 +268,13 @@ class WorkerPool:
             except (ModelCallError, InputError) as exc:
                 self.stats.abandoned += 1
                 self.metrics.items.labels(model, task.name, "abandoned").inc()
-                log.warning(
-                    "item_abandoned", item=job.item_id, task=task.name, model=model, error=str(exc)
+                _throttled.warning(
+                    "item_abandoned",
+                    key=(task.name, type(exc).__name__),
+                    item=job.item_id,
+                    task=task.name,
+                    model=model,
+                    error=str(exc),
                 )
                 return
             rng = item_rng(self.seed, item_seed_key(task.name, event.id))
@@ -312,7 +321,9 @@ class WorkerPool:
             label = await ask_judge(judge, task.judge_template, query, answer)
         except ModelCallError as exc:
             counts.labels(task.model, task.name, "error").inc()
-            log.warning("judge_failed", item=job.item_id, task=task.name, error=str(exc))
+            _throttled.warning(
+                "judge_failed", key=task.name, item=job.item_id, task=task.name, error=str(exc)
+            )
             return
         if label is None:
             counts.labels(task.model, task.name, "unusable").inc()
@@ -429,7 +440,13 @@ async def _served_class(
             return (await canon.canonicalize_many([answer], context))[0]
         joint = await canon.canonicalize_many([*seen, answer], context)
     except (ModelCallError, InputError) as exc:
-        log.warning("served_answer_not_canonicalized", item=job.item_id, error=str(exc))
+        _throttled.warning(
+            "served_answer_not_canonicalized",
+            key=job.task.name,
+            item=job.item_id,
+            task=job.task.name,
+            error=str(exc),
+        )
         return None
     mates = [c for c, j in zip(classes, joint, strict=False) if j == joint[-1]]
     return mates[0] if mates else joint[-1]

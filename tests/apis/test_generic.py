@@ -65,6 +65,19 @@ def test_check_request_wants_an_object_where_the_query_path_finds_something() ->
         API.check_request({"input": {"question": "\ud800"}})
 
 
+@pytest.mark.parametrize(
+    "question", [None, [], {}, "", "  \n", [None, ""], {"text": None}, [[], {"a": " "}]]
+)
+def test_a_query_path_that_finds_no_text_is_refused(question: Any) -> None:
+    with pytest.raises(InputError, match=r"query_path 'input.question' found no text"):
+        API.check_request({"input": {"question": question}})
+
+
+@pytest.mark.parametrize("question", ["Capital?", ["", "Capital?"], {"q": "Capital?"}, 0, False])
+def test_any_text_is_a_question(question: Any) -> None:
+    API.check_request({"input": {"question": question}})
+
+
 def test_a_path_whose_function_does_not_apply_finds_nothing() -> None:
     api = GenericApi(query_path="length(input)", answer_path="answer")
     with pytest.raises(InputError, match="found no text"):

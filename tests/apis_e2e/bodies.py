@@ -345,3 +345,11 @@ def completion_sse(answer: str, model: str) -> Iterator[bytes]:
 
 def agent_json(answer: str, path: str) -> dict[str, Any]:
     return {"id": "run-1", "path": path, "result": {"answer": answer, "confidence": "high"}}
+
+
+def agent_sse(answer: str, path: str) -> Iterator[bytes]:
+    """An agent service's stream: the answer's pieces as deltas, then a final event that
+    carries the whole answer (what a generic ``answer_path`` like ``result.answer`` reads)."""
+    for piece in _pieces(answer):
+        yield _frame({"type": "delta", "delta": piece})
+    yield _frame({"type": "done", **agent_json(answer, path)})

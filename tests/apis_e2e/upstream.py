@@ -8,7 +8,7 @@ Routes: ``POST /v1/chat/completions``, ``/v1/responses``, ``/v1/messages``,
 ``/v1beta/models/{model}:generateContent`` and ``:streamGenerateContent`` (``?alt=sse``),
 ``/v1/completions``, ``/agent/{tail}``; ``GET /v1/models``; any other request gets
 ``{"object": "other"}``. A body with ``"stream": true`` (Gemini: the streaming method) is
-answered as SSE.
+answered as SSE (the agent's: deltas, then a final event with the whole answer).
 """
 
 from __future__ import annotations
@@ -43,6 +43,8 @@ class Received:
     raw: bytes
     body: Any = None
     """The JSON body, when there is one."""
+    target: str = ""
+    """The request target as it came (``raw_path``: never normalised, query included)."""
 
     def key(self) -> str | None:
         """The credential the request carried, however the API sends it."""
@@ -118,7 +120,9 @@ class Upstream:
         headers: dict[str, str] = {}
         for name, value in request.headers.items():
             headers.setdefault(name.lower(), value)
-        got = Received(request.method, request.path, request.query_string, headers, raw, body)
+        got = Received(
+            request.method, request.path, request.query_string, headers, raw, body, request.raw_path
+        )
         self.requests.append(got)
         return got
 
@@ -200,6 +204,8 @@ class Upstream:
     async def _agent(self, request: web.Request) -> web.StreamResponse:
         got = await self._record(request)
         answer = bodies.answer_for(json.dumps(got.body))
+        if isinstance(got.body, dict) and got.body.get("stream") is True:
+            return await self._sse(request, got, bodies.agent_sse(answer, request.path))
         return await self._json(got, bodies.agent_json(answer, request.path))
 
     async def _models(self, request: web.Request) -> web.StreamResponse:

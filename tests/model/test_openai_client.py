@@ -20,6 +20,7 @@ from adapters.model.client import (
     parse_completion,
     parse_retry_after,
 )
+from monitor.core.apis.generic import GenericApi
 from monitor.core.errors import ConfigError, InputError, ModelCallError
 from tests.model.conftest import (
     ClientFactory,
@@ -454,6 +455,46 @@ async def test_client_errors_do_not_open_the_circuit(
     for _ in range(4):
         with pytest.raises(ModelCallError, match="HTTP 400"):
             await client.sample(REQUEST, 1)
+    assert _state(client) == "closed"
+
+
+async def test_unreadable_answers_do_not_open_the_circuit(
+    endpoint: Endpoint, make_client: ClientFactory
+) -> None:
+    """An answer the endpoint gave that relmon cannot read (what the request asked may
+    make it so: a stream) is no endpoint failure: retried, counted, the call failed, but
+    the breaker stays closed (a client must not be able to stop monitoring)."""
+    endpoint.default = raw(b"data: not json\n\n", "text/event-stream")
+    client = make_client(breaker_threshold=2)
+    for _ in range(4):
+        with pytest.raises(ModelCallError, match="invalid response") as info:
+            await client.sample(REQUEST, 1)
+        assert not info.value.retriable
+    assert _state(client) == "closed"
+    assert make_client.outcomes == ["invalid_response"] * 12  # 1 + 2 retries, 4 times
+    endpoint.default = status(502)  # endpoint failures still open it
+    with pytest.raises(ModelCallError, match="circuit open"):
+        await client.sample(REQUEST, 1)
+    assert _state(client) == "open"
+
+
+async def test_a_streamed_answer_to_a_generic_reask_is_read_as_a_stream(
+    endpoint: Endpoint, make_client: ClientFactory
+) -> None:
+    """A generic body that asks its service to stream is resent as it is; the answer is
+    what ``answer_path`` finds in the last event holding it, as production's is read."""
+    stream = b'data: {"delta": "Ca"}\n\ndata: {"delta": "iro"}\n\n'
+    stream += b'data: {"result": {"answer": "Cairo"}}\n\n'
+    endpoint.default = raw(stream, "text/event-stream")
+    api = GenericApi(query_path="q", answer_path="result.answer")
+    route = api.route({}, "/chat/completions", None)
+    client = make_client(forward=True)
+    body = {"q": "Capital of Egypt?", "stream": True}
+    assert await client.sample(body, 3, api=api, route=route) == ["Cairo"] * 3
+    assert endpoint.requests == [body] * 3  # as it is: stream and all
+    endpoint.default = raw(b'data: {"delta": "Ca"}\n\n', "text/event-stream")
+    with pytest.raises(ModelCallError, match="events hold no answer"):
+        await client.sample(body, 1, api=api, route=route)
     assert _state(client) == "closed"
 
 

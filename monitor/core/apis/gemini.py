@@ -10,7 +10,10 @@ finished (``STOP``, ``MAX_TOKENS``: the thinking used the whole budget) is the e
 answer; one a safety filter stopped (:data:`BLOCKED_REASONS`) is a refusal. Streamed,
 each event is a response chunk: the first candidate's parts are gathered across chunks.
 
-The re-ask goes to ``:generateContent`` (never the streaming method) with
+The re-ask goes to the task's ``endpoint.base_url`` + the API's own path: the
+production path's version (and Vertex AI's project and location; ``/v1beta/`` when
+there is none), the model (the task's, else the production path's, each one plain
+path segment) and ``:generateContent`` (never the streaming method), with
 ``generationConfig.candidateCount`` draws; ``generationConfig.seed`` is dropped and
 ``generationConfig.temperature`` raised. The REST API also reads snake case
 (``generation_config``): relmon's rules name the camel-case fields, so a request that
@@ -44,8 +47,17 @@ _PATH: Final = re.compile(
     r"(?P<prefix>(?:.*/)?)(?P<collection>models|tunedModels)/(?P<model>[^/:]+)"
     r":(?:generateContent|streamGenerateContent)"
 )
-"""A production path: anything before the model collection (the version, Vertex AI's
-project and location) is kept by the re-ask's route."""
+"""A production path: what comes before the model collection is the version (and
+Vertex AI's project and location), under whatever prefix the deployment has."""
+_OWN_PREFIX: Final = re.compile(
+    r"(?:.*/)?(?P<own>(?P<version>v[0-9]+[a-z0-9]*)/"
+    r"(?:projects/[A-Za-z0-9][A-Za-z0-9_-]*/locations/[A-Za-z0-9][A-Za-z0-9_-]*/"
+    r"publishers/google/)?)"
+)
+"""The API's own part of a production path's prefix, the one a re-ask keeps: the
+version segment (``v1beta``, ``v1``), and Vertex AI's ``projects/P/locations/L/
+publishers/google/`` after it, each a plain name; anything before the version (a
+gateway's own prefix, or a client's ``..``) is never kept."""
 _MODEL_NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]*")
 """A model name that is one path segment (no ``/``, ``:``, ``?`` or ``..``)."""
 _DEFAULT_PREFIX: Final = "/v1beta/"
@@ -290,11 +302,12 @@ class GeminiGenerateContent:
 
     def route(self, request: Mapping[str, Any], path: str | None, model: str | None) -> Route:
         match = _PATH.fullmatch(path.rstrip("/")) if path is not None else None
-        prefix = match["prefix"] if match is not None else _DEFAULT_PREFIX
+        own = _OWN_PREFIX.fullmatch(match["prefix"]) if match is not None else None
+        prefix = f"/{own['own']}" if own is not None else _DEFAULT_PREFIX
         if model is not None:
             collection, name = _model_ref(model)
         elif match is not None:
-            collection, name = match["collection"], match["model"]
+            collection, name = _model_ref(f"{match['collection']}/{match['model']}")
         elif isinstance(request.get("model"), str):
             collection, name = _model_ref(request["model"])
         else:

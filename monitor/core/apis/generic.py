@@ -5,15 +5,22 @@ JMESPath expressions (``tasks[].query_path``, ``tasks[].answer_path``; ``@``, th
 body, when not set), compiled once when the task is built. The question is what the
 ``query_path`` finds: a string, or a list of strings newline-joined, or any other JSON
 value as compact JSON with sorted keys (``@``: the body); a request in which it finds
-nothing is refused. The answer is the ``answer_path``'s value in the response: a
+nothing or no text (null, missing, ``[]``, ``{}``, ``""``, values that are all null or
+blank) is refused. The answer is the ``answer_path``'s value in the response: a
 string as it is; any other JSON value as compact JSON with its keys sorted, so equal
 structures are one answer; nothing (null, missing) is no answer. Streamed, the answer is
 that of the last event the ``answer_path`` finds something in (a service that streams
 deltas needs an ``answer_path`` that picks its final event).
 
 A re-ask is the body resent as it is (``reask.set`` and ``reask.drop`` still apply) to
-the production path, one answer a call. Whether a service may be asked again at all is
-the task's declaration (``endpoint.repeatable``), checked with the configuration.
+the production path, normalised (:func:`~monitor.core.apis.paths.normalised_path`), and
+only when it still lies under the task's ``match.path_prefix``
+(:meth:`GenericApi.reask_path`; a path :func:`~monitor.core.apis.paths.unsafe_path`
+refuses never is); without a production path (an event that names none), to the
+``path_prefix`` itself. One answer a call. A body that asks the service to stream is
+resent as it is, and the streamed answer is read as production's is
+(:meth:`GenericApi.stream_answer`). Whether a service may be asked again at all is the
+task's declaration (``endpoint.repeatable``), checked with the configuration.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from jmespath.exceptions import JMESPathError
 from jmespath.parser import ParsedResult
 
 from monitor.core.apis.base import AuthScheme, Route, is_text, require
+from monitor.core.apis.paths import normalised_path, under_prefix, unsafe_path
 from monitor.core.errors import ConfigError, InputError
 from monitor.core.reask import FieldRules
 
@@ -66,6 +74,20 @@ def _texts(value: Any) -> list[str] | None:
     return None
 
 
+def _has_text(value: Any) -> bool:
+    """Whether a ``query_path`` value holds any text: a string that is not blank, a
+    number or a boolean, here or anywhere inside a list or an object."""
+    if isinstance(value, str):
+        return bool(value.strip())
+    if isinstance(value, bool | int | float):
+        return True
+    if isinstance(value, list):
+        return any(_has_text(v) for v in value)
+    if isinstance(value, dict):
+        return any(_has_text(v) for v in value.values())
+    return False
+
+
 def json_answer(value: Any) -> str | None:
     """An ``answer_path`` value as an answer (see the module)."""
     if value is None or isinstance(value, str):
@@ -76,9 +98,10 @@ def json_answer(value: Any) -> str | None:
 class GenericApi:
     """The ``generic`` API of one task (see the module): ``query_path`` and
     ``answer_path`` are JMESPath expressions, a :class:`ConfigError` when one does not
-    compile."""
+    compile; ``path_prefix``: the task's ``match.path_prefix``, under which its re-asks
+    stay (None: any path :func:`~monitor.core.apis.paths.unsafe_path` accepts)."""
 
-    __slots__ = ("_answer", "_query", "answer_path", "query_path")
+    __slots__ = ("_answer", "_query", "answer_path", "path_prefix", "query_path")
 
     name: Final = "generic"
     auth: Final[AuthScheme] = "bearer"
@@ -87,9 +110,10 @@ class GenericApi:
         dropped=(), own=(), forced=(), temperature=None, model=None, built=None
     )
 
-    def __init__(self, query_path: str, answer_path: str) -> None:
+    def __init__(self, query_path: str, answer_path: str, path_prefix: str | None = None) -> None:
         self.query_path: Final = query_path
         self.answer_path: Final = answer_path
+        self.path_prefix: Final = path_prefix
         self._query: Final = compiled_jmespath("query_path", query_path)
         self._answer: Final = compiled_jmespath("answer_path", answer_path)
 
@@ -98,9 +122,8 @@ class GenericApi:
 
     def check_request(self, request: Mapping[str, Any]) -> None:
         require(isinstance(request, dict), "generic: the request must be a JSON object")
-        value = _search(self._query, request)
         require(
-            value is not None and value != [],
+            _has_text(_search(self._query, request)),
             f"generic: query_path {self.query_path!r} found no text in the request",
         )
         require(is_text(self.query(request)), "generic: the query is not valid Unicode")
@@ -129,8 +152,24 @@ class GenericApi:
     def not_reasked(self, request: Mapping[str, Any], allowed_tools: frozenset[str]) -> str | None:
         return None  # endpoint.repeatable is checked with the configuration
 
+    def reask_path(self, path: str | None) -> str | None:
+        """Where a re-ask of a request to ``path`` goes under the task's base URL: the
+        path normalised, when it is safe and stays under ``path_prefix``; without a
+        path, the prefix itself (``/`` without one); None: nowhere (not re-asked)."""
+        if path is None:
+            return self.path_prefix or "/"
+        if unsafe_path(path):
+            return None
+        plain = normalised_path(path)
+        if self.path_prefix is not None and not under_prefix(plain, self.path_prefix):
+            return None
+        return plain
+
     def route(self, request: Mapping[str, Any], path: str | None, model: str | None) -> Route:
-        return Route(self.name, path or "/")
+        where = self.reask_path(path)
+        if where is None:
+            raise InputError("generic: the production path is not one a re-ask may follow")
+        return Route(self.name, where)
 
     def answers(self, response: Mapping[str, Any]) -> list[str]:
         text = self.answer(response)

@@ -17,6 +17,7 @@ from monitor.core.apis.generic import GenericApi
 from monitor.core.apis.openai_chat import OpenAIChat
 from monitor.core.apis.openai_completions import OpenAICompletions
 from monitor.core.apis.openai_responses import OpenAIResponses
+from monitor.core.apis.paths import unsafe_path
 from monitor.core.errors import ConfigError
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "carried",
     "carried_headers",
     "get_api",
+    "path_refused",
 ]
 
 DEFAULT_API: Final = "openai.chat"
@@ -110,6 +112,17 @@ def api_for_path(path: str) -> WireApi | None:
         if api.recognises(path):
             return api
     return None
+
+
+def path_refused(api: WireApi, path: str | None) -> bool:
+    """Whether a request to ``path`` must not be re-asked in ``api`` because of where it
+    went: a target a client shaped to go elsewhere
+    (:func:`~monitor.core.apis.paths.unsafe_path`), or, ``generic``, a path that leaves
+    the task's ``match.path_prefix`` (:meth:`GenericApi.reask_path`). Every other re-ask
+    follows the API's own path (:meth:`WireApi.route`), never the production one."""
+    if unsafe_path(path):
+        return True
+    return isinstance(api, GenericApi) and api.reask_path(path) is None
 
 
 def get_api(name: str, options: Mapping[str, Any] | None = None) -> WireApi:

@@ -1,9 +1,9 @@
 """One request through the inline proxy (:class:`ProxyExchange`): the request's head as
 sent upstream (hop-by-hop headers, ``Host`` and ``Expect`` left out, framing kept), its
 body whole or streamed, the answer relayed as it comes (see :mod:`adapters.traffic.proxy`),
-then settled: counted, its connection back in the pool, or a failure answered 502/504
-or the client connection cut. :class:`ExchangeGuard` counts an event request once at
-most, whatever happens to it.
+then settled: counted, its connection back in the pool (read again if the client's pace
+had paused it), or a failure answered 502/504 or the client connection cut.
+:class:`ExchangeGuard` counts an event request once at most, whatever happens to it.
 """
 
 from __future__ import annotations
@@ -171,7 +171,7 @@ class ProxyExchange(Exchange):
         req = self.req
         self.body = body
         self.conn = conn
-        self.client.on_pause = conn.pause
+        self._hold(conn)
         if req.chunked:
             body = _chunk(body) + b"0\r\n\r\n" if body else b"0\r\n\r\n"
         conn.send(self, req.method == b"HEAD", request_head(req, self.fwd, body))
@@ -215,6 +215,14 @@ class ProxyExchange(Exchange):
         conn = self.conn
         return outcome == "reset" and conn is not None and conn.reused and not conn.got_bytes
 
+    def _hold(self, conn: UpstreamConnection) -> None:
+        """``conn`` is read only while the client keeps up: paused at once when the
+        client's buffer is already full (a pipelined request behind a long answer)."""
+        client = self.client
+        client.on_pause = conn.pause
+        if not client.writable:
+            conn.pause(True)
+
     def settle(self, outcome: str | None) -> str | None:
         """After the end: count a failure (502/504 or a cut answer) or the answer relayed
         whole, whose connection goes back to the pool; the failure reason or None."""
@@ -223,10 +231,16 @@ class ProxyExchange(Exchange):
         req, fwd, conn = self.req, self.fwd, self.conn
         added = max(0.0, self.sent_at - req.received_at) if req.received_at else 0.0
         fwd.metrics.answered(self.status, added + self.client_done_at - self.upstream_done_at)
-        if conn is not None and conn.keep_alive and not conn.closed:
-            fwd.pool.release(conn)
-        elif conn is not None:
-            conn.close()
+        if conn is not None:
+            # The answer is whole: the client's pace no longer holds this connection (its
+            # last bytes may have paused it), and the pool takes it only read again.
+            self.client.on_pause = None
+            if conn.paused:
+                conn.pause(False)
+            if conn.keep_alive and not conn.closed:
+                fwd.pool.release(conn)  # closed there unless clean
+            else:
+                conn.close()
         return None
 
     def _end(self, outcome: str | None) -> None:
@@ -244,7 +258,7 @@ class ProxyExchange(Exchange):
         """Forward a body too big to hold, chunk by chunk as it arrives."""
         chunked = self.req.chunked
         conn.start(self, self.req.method == b"HEAD")
-        self.client.on_pause = conn.pause
+        self._hold(conn)
         conn.write(
             request_head(self.req, self.fwd, _chunk(prefix) if chunked and prefix else prefix)
         )

@@ -10,13 +10,17 @@ come back unchanged, hop-by-hop headers dropped; chunked and close-delimited bod
 an HTTP/1.1 client chunked. Each body chunk is written to the client as it arrives (an
 SSE stream stays a stream); a small body of known length (up to 64 KiB, not SSE) is sent
 with its head in one write. The upstream connection stops being read while the client
-cannot keep up.
+cannot keep up, and that time is not the upstream's: its read timeout runs only while
+relmon reads it. A client that takes no byte for the send timeout is cut
+(:class:`~adapters.traffic.wire.ServerConnection`).
 
 Upstream unreachable: 502; no bytes from the upstream for the read timeout: 504 (or,
 once the answer began, the client connection is cut so the truncation shows). A reused
 connection the upstream had closed is retried once on a new one when the request body
-is held whole. A client leaving mid-answer ends the upstream connection (it never goes
-back to the pool). Only after the answer completed is a ``POST`` of a wire API relmon
+is held whole. A client leaving (or cut) mid-answer ends the upstream connection (it
+never goes back to the pool); one whose answer is whole goes back read again
+(:meth:`~adapters.upstream.pool.UpstreamPool.release` takes only a clean one). Only
+after the answer completed is a ``POST`` of a wire API relmon
 reads (``…/chat/completions``, ``…/responses``, ``…/v1/messages``, ``…:generateContent``,
 ``…/completions``, a ``generic`` task's path prefix: :meth:`Intake.classify`) with a 2xx
 answer sampled (:class:`~adapters.traffic.intake.Intake`); nothing it does can

@@ -10,6 +10,8 @@ the upstream's last byte to the client's (the upstream's own time excluded).
 ``relmon_proxy_upstream_failures_total{reason}``: requests the upstream did not answer:
 ``connect_error`` (502), ``timeout`` (connect or read; 504, or a cut answer),
 ``reset`` (closed before the answer ended) and ``invalid_response`` (not HTTP).
+``relmon_proxy_client_send_timeouts_total``: client connections cut because the client
+took no byte of its answer for the send timeout (the client's doing, not the upstream's).
 """
 
 from __future__ import annotations
@@ -31,10 +33,10 @@ __all__ = [
     "ProxyMetrics",
 ]
 
-ProxyCounts = tuple[list[int], list[int], list[int], float]
+ProxyCounts = tuple[list[int], list[int], list[int], float, int]
 """What :meth:`ProxyMetrics.take` hands over: counts by status class (index
 ``status // 100``), by failure reason (in :data:`FAILURE_REASONS` order), by latency
-bucket (not cumulative), and the latency sum."""
+bucket (not cumulative), the latency sum, and the clients cut by the send timeout."""
 
 STATUS_CLASSES: Final = ("2xx", "3xx", "4xx", "5xx")
 FAILURE_REASONS: Final = ("connect_error", "timeout", "reset", "invalid_response")
@@ -66,6 +68,7 @@ class ProxyMetrics(Collector):
         # One count per bucket (the last: over the largest bound), not cumulative.
         self._buckets = [0] * (len(ADDED_LATENCY_BUCKETS) + 1)
         self._sum = 0.0
+        self._client_timeouts = 0
         registry = registry if registry is not None else CollectorRegistry()
         registry.register(self)
 
@@ -79,21 +82,37 @@ class ProxyMetrics(Collector):
         """An upstream failure (one of :data:`FAILURE_REASONS`)."""
         self._failures[reason] += 1
 
+    def client_send_timeout(self) -> None:
+        """A client connection cut: the client took no byte for the send timeout."""
+        self._client_timeouts += 1
+
     def take(self) -> ProxyCounts | None:
         """What was counted since the last take (None: nothing), zeroed here: the traffic
         data plane's own process sends it to the main process, which :meth:`merge`-s it."""
-        if not any(self._buckets) and not any(self._failures.values()):
+        if (
+            not any(self._buckets)
+            and not any(self._failures.values())
+            and not self._client_timeouts
+        ):
             return None
-        counts = (self._by_class, list(self._failures.values()), self._buckets, self._sum)
+        counts = (
+            self._by_class,
+            list(self._failures.values()),
+            self._buckets,
+            self._sum,
+            self._client_timeouts,
+        )
         self._by_class = [0] * 6
         self._failures = dict.fromkeys(FAILURE_REASONS, 0)
         self._buckets = [0] * (len(ADDED_LATENCY_BUCKETS) + 1)
         self._sum = 0.0
+        self._client_timeouts = 0
         return counts
 
     def merge(self, counts: ProxyCounts) -> None:
         """Add counts :meth:`take`-n from another process's ``ProxyMetrics``."""
-        by_class, failures, buckets, total = counts
+        by_class, failures, buckets, total, client_timeouts = counts
+        self._client_timeouts += client_timeouts
         for i, n in enumerate(by_class[: len(self._by_class)]):
             self._by_class[i] += n
         for reason, n in zip(FAILURE_REASONS, failures, strict=False):
@@ -135,3 +154,8 @@ class ProxyMetrics(Collector):
         for reason, count in self._failures.items():
             failures.add_metric([reason], count)
         yield failures
+        yield CounterMetricFamily(
+            "relmon_proxy_client_send_timeouts",
+            "Client connections cut: the client took no byte of its answer for the send timeout.",
+            value=self._client_timeouts,
+        )

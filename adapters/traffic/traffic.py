@@ -11,7 +11,11 @@ first and only a request that may be sampled is parsed (:mod:`.intake`).
 read (413 over ``max_body_bytes``, 404 for anything else), then offered.
 ``mode="proxy"``: every request goes to the upstream and its answer comes back unchanged
 (streaming included); a ``POST …/chat/completions`` with a whole 2xx answer is offered
-afterwards. Upstream unreachable: 502; no bytes for ``upstream_timeout_s``: 504.
+afterwards. Upstream unreachable: 502; no bytes for ``upstream_timeout_s`` while relmon
+reads the upstream: 504. A client that takes no byte of its answer for
+``client_send_timeout_s`` while relmon's buffer for it is full is cut (counted in
+``relmon_proxy_client_send_timeouts_total``, logged rate-limited); while it does not
+read, relmon does not read the upstream either, and that time is not the upstream's.
 
 No request can stop the listener: whatever handling one request raises is logged with
 where it was raised; a ``POST …/chat/completions`` is then counted once as rejected
@@ -47,6 +51,7 @@ from adapters.traffic.wire import FastHandler, Handler, ServerConnection
 from adapters.upstream.pool import UpstreamPool
 from monitor.core.apis.base import WireApi
 from monitor.core.errors import ConfigError, StateError
+from monitor.engine.logs import ThrottledLog
 from monitor.engine.ports import EventSink
 
 __all__ = [
@@ -119,6 +124,7 @@ class TrafficServer:
         max_body_bytes: int = 1_048_576,
         upstream_timeout_s: float = 60.0,
         upstream_connect_timeout_s: float = 5.0,
+        client_send_timeout_s: float = 60.0,
         upstream_max_connections: int = 256,
         shutdown_timeout_s: float = 5.0,
         skip: SkipCallback | None = None,
@@ -135,8 +141,16 @@ class TrafficServer:
         self._url = URL(upstream_url or "")
         if mode == "proxy" and (self._url.scheme not in ("http", "https") or not self._url.host):
             raise ConfigError("proxy mode needs an http(s) upstream_url")
-        if min(max_body_bytes, upstream_timeout_s, upstream_connect_timeout_s) <= 0:
-            raise ConfigError("max_body_bytes and the upstream timeouts must be positive")
+        if (
+            min(
+                max_body_bytes,
+                upstream_timeout_s,
+                upstream_connect_timeout_s,
+                client_send_timeout_s,
+            )
+            <= 0
+        ):
+            raise ConfigError("max_body_bytes and the timeouts must be positive")
         if upstream_max_connections < 1:
             raise ConfigError("upstream_max_connections must be at least 1")
         if offer_batch_s < 0:
@@ -160,6 +174,8 @@ class TrafficServer:
         self._max_body = max_body_bytes
         self._read_timeout = upstream_timeout_s
         self._connect_timeout = upstream_connect_timeout_s
+        self._send_timeout = client_send_timeout_s
+        self._stall_log = ThrottledLog(name=__name__)  # a client can trigger it: rate-limited
         self._max_connections = upstream_max_connections
         self._shutdown_timeout = shutdown_timeout_s
         self._metrics = metrics if metrics is not None else ProxyMetrics()
@@ -212,16 +228,19 @@ class TrafficServer:
         handler, fast = self._handler()
         loop = asyncio.get_running_loop()
         connections = self._connections
+        send_timeout, stalled = self._send_timeout, self._client_stalled
+
+        def connection() -> ServerConnection:
+            return ServerConnection(handler, connections, fast, send_timeout, stalled)
+
         try:
             if self._sock is not None:
                 server = await loop.create_server(
-                    lambda: ServerConnection(handler, connections, fast),
-                    sock=self._sock,
-                    backlog=LISTEN_BACKLOG,
+                    connection, sock=self._sock, backlog=LISTEN_BACKLOG
                 )
             else:
                 server = await loop.create_server(
-                    lambda: ServerConnection(handler, connections, fast),
+                    connection,
                     self._host,
                     self._port,
                     backlog=LISTEN_BACKLOG,
@@ -239,6 +258,15 @@ class TrafficServer:
             host=self._host,
             port=self._bound_port,
             compiled=not wire.__file__.endswith(".py"),  # make compile, the container image
+        )
+
+    def _client_stalled(self) -> None:
+        """A client took no byte of its answer for the send timeout: it is cut."""
+        self._metrics.client_send_timeout()
+        self._stall_log.warning(
+            "traffic_client_send_timeout",
+            client_send_timeout_s=self._send_timeout,
+            detail="the client read nothing of its answer: connection cut",
         )
 
     async def stop(self) -> None:

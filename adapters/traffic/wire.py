@@ -13,8 +13,11 @@ request's body arrives in a :class:`~adapters.traffic.request.Body` its handler 
 arrived (413) leaves the rest to be read and discarded. Bytes that are no HTTP/1.1 get a
 400 and the connection is closed. Writes go straight to the transport;
 :attr:`ServerConnection.on_pause` lets a proxy stop reading its upstream while the
-client cannot keep up. When the client goes away, :attr:`ServerConnection.on_lost` is
-called and the handler's body reads fail with :class:`ConnectionError`.
+client cannot keep up. A client that keeps the connection's write buffer full and takes
+no byte of it for the send timeout is cut (as nginx's ``send_timeout``): one timer,
+armed only while writing is paused. When the client goes away,
+:attr:`ServerConnection.on_lost` is called and the handler's body reads fail with
+:class:`ConnectionError`.
 """
 
 from __future__ import annotations
@@ -91,8 +94,14 @@ class ServerConnection(asyncio.Protocol):
         handler: Handler,
         connections: set[ServerConnection],
         fast: FastHandler | None = None,
+        send_timeout_s: float = 60.0,
+        on_send_timeout: Callable[[], None] | None = None,
     ) -> None:
         self._handler = handler
+        self._send_timeout = send_timeout_s
+        self._on_send_timeout = on_send_timeout  # called before a stalled client is cut
+        self._send_timer: asyncio.TimerHandle | None = None
+        self._send_left = 0  # the write buffer's size when last checked
         self._fast = fast
         self._connections = connections
         self._loop = asyncio.get_event_loop()
@@ -130,6 +139,9 @@ class ServerConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self._connections.discard(self)
+        if self._send_timer is not None:
+            self._send_timer.cancel()
+            self._send_timer = None
         for request in (self._parsing, *self._pending):
             if request is not None:
                 request.body.fail(ConnectionError("client gone"))
@@ -175,15 +187,37 @@ class ServerConnection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.writable = False
+        if self._send_timer is None and self.transport is not None:
+            self._send_left = self.transport.get_write_buffer_size()
+            self._send_timer = self._loop.call_later(self._send_timeout, self._send_check)
         if self.on_pause is not None:
             self.on_pause(True)
 
     def resume_writing(self) -> None:
         self.writable = True
+        timer, self._send_timer = self._send_timer, None
+        if timer is not None:
+            timer.cancel()
         if self._drain is not None and not self._drain.done():
             self._drain.set_result(None)
         if self.on_pause is not None:
             self.on_pause(False)
+
+    def _send_check(self) -> None:
+        """Writing stayed paused for the send timeout: cut the client unless it took
+        some of the buffer meanwhile (then it has another period)."""
+        self._send_timer = None
+        transport = self.transport
+        if self.writable or self.closed or transport is None:
+            return
+        left = transport.get_write_buffer_size()
+        if left != self._send_left:  # smaller: taken; larger: written since (a last
+            self._send_left = left  # chunk), measured from here
+            self._send_timer = self._loop.call_later(self._send_timeout, self._send_check)
+            return
+        if self._on_send_timeout is not None:
+            self._on_send_timeout()
+        self.abort()
 
     # -- httptools callbacks -----------------------------------------------------------------
 

@@ -5,16 +5,20 @@
 :meth:`UpstreamPool.acquire` hands out an idle connection (the most recently used
 first), opens a new one within the connect timeout, or, with ``max_connections`` in use,
 waits for one to come back. Once its request is sent, a connection that receives no byte
-for the read timeout is closed and its exchange told ``on_lost("timeout")``
-(:meth:`UpstreamConnection.watch`; one timer sweeps every open connection at least every
-quarter of the timeout and every second, and a connection counts the sweeps since its
-last byte: nothing is scheduled, and no clock read, per request). A connection
+for the read timeout while it is read is closed and its exchange told
+``on_lost("timeout")`` (:meth:`UpstreamConnection.watch`; one timer sweeps every open
+connection at least every quarter of the timeout and every second, and a connection
+counts the sweeps since its last byte: nothing is scheduled, and no clock read, per
+request). A connection its exchange holds paused (:meth:`UpstreamConnection.pause`: the
+proxy's client cannot keep up) is not waiting for the upstream: its sweeps are not
+counted, and start again from 0 when it is read again. A connection
 carries one exchange at a time: it calls the exchange's ``on_head``, ``on_body`` (each
 chunk as it arrives, no copy), ``on_done`` and ``on_lost``; 1xx interim answers are
-dropped. A connection goes back into the pool only when its exchange completed and the
-upstream keeps it alive (:meth:`UpstreamPool.release`); any other ends it
-(:meth:`UpstreamConnection.close`). A connection the upstream closes while idle leaves
-the pool by itself.
+dropped. A connection goes back into the pool only clean (:meth:`UpstreamPool.release`):
+its answer complete, read (not paused), no exchange on it, kept alive by the upstream;
+any other is ended (:meth:`UpstreamConnection.close`), and so is one that receives
+bytes nobody asked for. A connection the upstream closes while idle leaves the pool by
+itself.
 """
 
 from __future__ import annotations
@@ -72,8 +76,10 @@ class UpstreamConnection(asyncio.Protocol):
         # came: a counter, not a clock read per request.
         self.quiet = 0
         self.waiting = False  # the request is sent, the answer not yet complete
-        self.keep_alive = False
-        self.complete = False
+        self.paused = False  # not read (:meth:`pause`): the read timeout does not run
+        # Until its first answer, a new connection is clean (:attr:`clean`): nothing on it.
+        self.keep_alive = True
+        self.complete = True
         self.eof_ends = False  # no length, not chunked: the body ends when the upstream closes
         self._interim = False
         self._reason = b""
@@ -111,19 +117,37 @@ class UpstreamConnection(asyncio.Protocol):
             await self._drain
 
     def pause(self, paused: bool) -> None:
-        """Stop (or go on) reading the upstream while the client cannot keep up."""
-        if self.transport is not None and not self.closed:
+        """Stop (or go on) reading the upstream while the client cannot keep up. While
+        paused the read timeout does not run: relmon, not the upstream, is behind; read
+        again, the upstream has the whole timeout from then."""
+        if self.transport is not None and not self.closed and paused != self.paused:
+            self.paused = paused
             if paused:
                 self.transport.pause_reading()
             else:
+                self.quiet = 0
                 self.transport.resume_reading()
+
+    @property
+    def clean(self) -> bool:
+        """Fit for the next exchange: its answer complete, read (not paused), open and
+        kept alive, no exchange on it."""
+        return (
+            self.complete
+            and self.keep_alive
+            and not self.paused
+            and not self.closed
+            and self.exchange is None
+        )
 
     def close(self) -> None:
         """End the connection (never returned to the pool)."""
         self.exchange = None
         self.waiting = False
-        if self.transport is not None and not self.closed:
-            self.transport.abort()
+        if not self.closed:
+            self.closed = True  # at once: no one takes it from the pool meanwhile
+            if self.transport is not None:
+                self.transport.abort()
 
     # -- asyncio.Protocol --------------------------------------------------------------------
 
@@ -172,6 +196,8 @@ class UpstreamConnection(asyncio.Protocol):
     # -- httptools callbacks -----------------------------------------------------------------
 
     def on_message_begin(self) -> None:
+        if self.exchange is None:  # an answer nobody asked for, after the one that was
+            self.close()
         self._reason = b""
         self._headers = []
         self._framed = False
@@ -299,9 +325,10 @@ class UpstreamPool:
         return conn
 
     def release(self, conn: UpstreamConnection) -> None:
-        """``conn`` finished an exchange and stays open: the next one takes it."""
+        """``conn`` finished an exchange and stays open: the next one takes it, when it is
+        :attr:`~UpstreamConnection.clean`; else it is closed."""
         conn.reused = True
-        if self.closing or conn.closed:
+        if self.closing or not conn.clean:
             conn.close()
             return
         if not self._waiters or not self._wake(conn):
@@ -331,12 +358,12 @@ class UpstreamPool:
     def _sweep(self) -> None:
         """Time out the connections that wait with no byte for the read timeout (swept
         at least every quarter of it and every second, while any connection is open):
-        one quiet sweep more counted on each waiting connection."""
+        one quiet sweep more counted on each waiting connection that is read."""
         self._sweeping = False
         limit = self._quiet_sweeps
         quiet: list[UpstreamConnection] = []
         for conn in self._conns:
-            if conn.waiting:
+            if conn.waiting and not conn.paused:
                 conn.quiet += 1
                 if conn.quiet >= limit:
                     quiet.append(conn)

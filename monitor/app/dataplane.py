@@ -82,6 +82,7 @@ def listener_options(settings: Settings) -> dict[str, Any]:
         "max_body_bytes": traffic.max_body_bytes,
         "upstream_timeout_s": traffic.upstream_read_timeout_s,
         "upstream_connect_timeout_s": traffic.upstream_connect_timeout_s,
+        "client_send_timeout_s": traffic.client_send_timeout_s,
         "upstream_max_connections": traffic.upstream_pool_size,
         "offer_batch_s": traffic.offer_batch_s,
         # A request without X-Request-Id whose draw is over it: skipped at once.

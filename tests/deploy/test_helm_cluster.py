@@ -647,7 +647,8 @@ def test_relmons_settings_have_values() -> None:
     assert config["traffic"]["max_body_bytes"] == 2048
     assert config["kafka"]["max_event_bytes"] == 4096
     # Tuning left to relmon's defaults unless given.
-    left = {"upstream_read_timeout_s", "uvloop", "data_plane", "offer_batch_s"}
+    left = {"upstream_read_timeout_s", "client_send_timeout_s", "uvloop", "data_plane"}
+    left |= {"offer_batch_s"}
     assert not left & config["traffic"].keys()
     assert "max_leases_per_reviewer" not in relmon_config(render(TOKEN))["review"]
     proxy = {
@@ -657,6 +658,7 @@ def test_relmons_settings_have_values() -> None:
             "upstreamUrl": "http://vllm:8000",
             "upstreamConnectTimeoutSeconds": 2,
             "upstreamReadTimeoutSeconds": 300,
+            "clientSendTimeoutSeconds": 90,
             "upstreamPoolSize": 64,
             "uvloop": False,
             "dataPlane": "process",
@@ -678,6 +680,7 @@ def test_relmons_settings_have_values() -> None:
     assert config["review"]["max_leases_per_reviewer"] == 5
     settings = Settings.model_validate(config)  # relmon's schema takes every key
     assert settings.traffic.upstream_read_timeout_s == 300
+    assert settings.traffic.client_send_timeout_s == 90
     assert settings.traffic.data_plane == "process"
     assert settings.traffic.offer_batch_s == 0.2
     assert settings.review.max_leases_per_reviewer == 5

@@ -44,10 +44,15 @@ def test_timeouts_pool_and_event_loop_keys(tmp_path: Path) -> None:
     defaults = (traffic.upstream_connect_timeout_s, traffic.upstream_read_timeout_s)
     assert defaults == (5.0, 60.0)
     assert (traffic.upstream_pool_size, traffic.uvloop) == (256, True)
+    assert traffic.client_send_timeout_s == 60.0  # as nginx's send_timeout
     extra = 'upstream_url: "http://m:1", upstream_connect_timeout_s: 0.5, '
-    extra += "upstream_read_timeout_s: 300, upstream_pool_size: 8, uvloop: false"
+    extra += "upstream_read_timeout_s: 300, upstream_pool_size: 8, uvloop: false, "
+    extra += "client_send_timeout_s: 7.5"
     traffic = load_settings(write(tmp_path, extra)).traffic
     assert (traffic.upstream_connect_timeout_s, traffic.upstream_read_timeout_s) == (0.5, 300)
+    assert traffic.client_send_timeout_s == 7.5
+    with pytest.raises(ConfigError, match="client_send_timeout_s"):
+        load_settings(write(tmp_path, 'upstream_url: "http://m:1", client_send_timeout_s: 0'))
     assert (traffic.upstream_pool_size, traffic.uvloop) == (8, False)
     with pytest.raises(ConfigError, match="upstream_pool_size"):
         load_settings(write(tmp_path, 'upstream_url: "http://m:1", upstream_pool_size: 0'))

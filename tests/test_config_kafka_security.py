@@ -79,6 +79,7 @@ rebalance_timeout_ms: 60000
         "heartbeat_interval_ms": 10000,
         "max_poll_interval_ms": 600000,
         "rebalance_timeout_ms": 60000,
+        "auto_offset_reset": "earliest",
     }
 
 
@@ -99,7 +100,7 @@ def test_plaintext_has_no_security_options_and_default_group_timeouts(
     settings = load_settings(write(tmp_path, ""))
     assert validate_settings(settings) == []
     assert client_options(settings.kafka) == {}
-    assert group_options(settings.kafka) == {}
+    assert group_options(settings.kafka) == {"auto_offset_reset": "earliest"}
 
 
 def test_sasl_ssl_system_cas_and_password_from_the_environment(

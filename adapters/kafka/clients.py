@@ -6,7 +6,7 @@ once: ``relmon run`` hands the same dict to the traffic consumer and its dead-le
 producer, the review producer, the replay of the review and verdict topics and the
 verdict follower (whose dead-letter producer takes it too), so that every client
 reaches the cluster the same way. :func:`group_options` adds the group timeouts to the
-traffic consumer (the only one in a consumer group).
+traffic consumer (the only one in a consumer group), with its ``auto_offset_reset``.
 
 When a client cannot start, aiokafka says only "Unable to bootstrap";
 :func:`connection_problem` opens one connection with the same options to tell why
@@ -76,14 +76,17 @@ def client_options(kafka: KafkaSettings) -> dict[str, Any]:
 
 
 def group_options(kafka: KafkaSettings) -> dict[str, Any]:
-    """The consumer group timeouts that are set (aiokafka's defaults for the others)."""
+    """The consumer group timeouts that are set (aiokafka's defaults for the others), and
+    where a partition without a usable committed offset starts."""
     names = (
         "session_timeout_ms",
         "heartbeat_interval_ms",
         "max_poll_interval_ms",
         "rebalance_timeout_ms",
     )
-    return {name: getattr(kafka, name) for name in names if getattr(kafka, name) is not None}
+    options = {name: getattr(kafka, name) for name in names if getattr(kafka, name) is not None}
+    options["auto_offset_reset"] = kafka.auto_offset_reset
+    return options
 
 
 async def connection_problem(

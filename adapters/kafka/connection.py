@@ -14,6 +14,7 @@ from aiokafka.errors import KafkaError, KafkaTimeoutError
 
 from monitor.core.errors import ConfigError, RelmonError
 from monitor.core.failures import internal_error, raised_at
+from monitor.engine.logs import ThrottledLog
 
 __all__ = [
     "CLIENT_OPTION_KEYS",
@@ -22,17 +23,22 @@ __all__ = [
     "METADATA_MAX_AGE_MS",
     "ConsumerLag",
     "KafkaUnavailableError",
+    "PastEnd",
     "StoppingError",
     "close_clients",
     "dead_letter_headers",
     "has_live_connection",
+    "past_log_end",
     "record_failed",
+    "throttled_log",
     "unless_stopping",
 ]
 
 T = TypeVar("T")
 
 log = structlog.get_logger("adapters.kafka.source")
+throttled_log = ThrottledLog(name="adapters.kafka.source")
+"""For lines that an outage repeats (a failed commit, an unknown lag)."""
 
 CLIENT_OPTION_KEYS = frozenset(
     {
@@ -62,9 +68,10 @@ KeyError from aiokafka's SCRAM client when the broker ends the exchange with an 
 MAX_REASON_CHARS = 300
 """The longest dead-letter reason kept (in the ``relmon-error`` header)."""
 _LAG_TIMEOUT_S = 10.0
-METADATA_MAX_AGE_MS = 10_000
+METADATA_MAX_AGE_MS = 5_000
 """Consumers refresh metadata this often: a new partition, or a topic that appears after
-a broker came back empty, is seen within 10 s instead of aiokafka's 5 minutes."""
+a broker came back empty, is seen within 5 s instead of aiokafka's 5 minutes (then the
+group rebalances: docs/kafka.md, "New partitions")."""
 
 
 def has_live_connection(client: Any) -> bool:
@@ -200,22 +207,55 @@ def record_failed(record: Any, exc: Exception, event: str = "kafka.record_failed
     return reason
 
 
+PastEnd = Callable[[Any, int, int], Awaitable[None]]
+"""``on_past_end(tp, position, log_end)``: move a partition's position that lies past its
+log end back into the log (:class:`ConsumerLag`)."""
+
+
+async def past_log_end(consumer: Any, tp: Any, end_offset: int | None) -> tuple[int, int] | None:
+    """``(position, log_end)`` when ``tp``'s fetch position lies past its log end, else None.
+
+    The log end is the larger of ``end_offset`` (a fresh ``end_offsets`` answer) and the
+    high watermark of the last fetch answered at the current position. Judged only once a
+    fetch was answered (a high watermark is known): a broker may under-report
+    ``end_offsets`` (Tansu: 1 after a 100-record batch), never the high watermark of a
+    fetch. A position reached by reading never passes that watermark; one taken from a
+    committed offset, or kept across a broker rebuilt without its data, can: a broker
+    that answers such a fetch with no records and no OffsetOutOfRange (Tansu) would
+    leave the partition unread for good.
+    """
+    highwater = consumer.highwater(tp)
+    if highwater is None:
+        return None
+    position = await consumer.position(tp)
+    log_end = max(end_offset or 0, highwater)
+    return (position, log_end) if position > log_end else None
+
+
 class ConsumerLag:
     """Measures and exports one consumer's lag: records behind the log end per partition.
 
     ``consumed(tp)`` gives the first offset of a partition not done yet (None: use the
     consumer's position). The log end is the larger of a fresh ``end_offsets`` answer and
-    the last fetch's high watermark (a broker may under-report one of them).
+    the last fetch's high watermark (a broker may under-report one of them). A partition
+    whose position lies past its log end (:func:`past_log_end`) is handed to
+    ``on_past_end`` first, which moves it back into the log; its lag is then measured from
+    there, so it never reads 0 for a partition that is not read.
     """
 
     def __init__(
-        self, gauge: Any, interval_s: float, consumed: Callable[[Any], int | None]
+        self,
+        gauge: Any,
+        interval_s: float,
+        consumed: Callable[[Any], int | None],
+        on_past_end: PastEnd | None = None,
     ) -> None:
         if interval_s <= 0:
             raise ConfigError("lag_interval_s must be positive")
         self._gauge = gauge
         self._interval_s = interval_s
         self._consumed = consumed
+        self._on_past_end = on_past_end
         self._series: set[tuple[str, str]] = set()
         self.lag: dict[Any, int] = {}
         """The last measurement, per assigned partition."""
@@ -227,10 +267,16 @@ class ConsumerLag:
         for tp in tps:
             if tp not in consumer.assignment():
                 continue  # revoked meanwhile
+            log_end = max(end.get(tp) or 0, consumer.highwater(tp) or 0)
+            if self._on_past_end is not None:
+                past = await past_log_end(consumer, tp, end.get(tp))
+                if past is not None:
+                    await self._on_past_end(tp, *past)
+                    if tp not in consumer.assignment():
+                        continue
             done = self._consumed(tp)
             if done is None:
                 done = await consumer.position(tp)
-            log_end = max(end.get(tp) or 0, consumer.highwater(tp) or 0)
             lag[tp] = max(0, log_end - done)
         self.lag = lag
         self.export(lag)
@@ -249,10 +295,14 @@ class ConsumerLag:
         self._series = set(series)
 
     async def loop(self, consumer: Any, topic: str) -> None:
-        """Measure every ``interval_s`` until cancelled (a failed try is logged, retried)."""
+        """Measure every ``interval_s`` until cancelled (a failed try is logged, at most
+        once per cause every 10 s, and retried)."""
         while True:
             try:
                 await asyncio.wait_for(self.measure(consumer), _LAG_TIMEOUT_S)
             except (KafkaError, TimeoutError) as exc:
-                log.info("kafka.lag_unknown", topic=topic, error=type(exc).__name__)
+                error = type(exc).__name__
+                throttled_log.info(
+                    "kafka.lag_unknown", key=(topic, error), topic=topic, error=error
+                )
             await asyncio.sleep(self._interval_s)

@@ -15,6 +15,7 @@ import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 
+from adapters.kafka.assignment import CheckedAssignor, leave_group
 from adapters.kafka.connection import (
     CLIENT_OPTION_KEYS,
     CONNECT_ERRORS,
@@ -26,8 +27,10 @@ from adapters.kafka.connection import (
     close_clients,
     dead_letter_headers,
     has_live_connection,
+    throttled_log,
     unless_stopping,
 )
+from adapters.kafka.logs import throttle_client_logs
 from monitor.core.errors import ConfigError, StateError
 
 __all__ = ["KafkaConsumerBase", "PartitionProgress"]
@@ -35,6 +38,7 @@ __all__ = ["KafkaConsumerBase", "PartitionProgress"]
 log = structlog.get_logger("adapters.kafka.source")
 
 _POLL_MAX_S = 0.25
+_REJOIN_MIN_INTERVAL_S = METADATA_MAX_AGE_MS / 1000
 _DLQ_OVERHEAD_BYTES = 64 * 1024
 
 
@@ -106,6 +110,7 @@ class KafkaConsumerBase(ABC):
         consumer_options: Mapping[str, Any] | None = None,
         lag_gauge: Any = None,
         lag_interval_s: float = 5.0,
+        offset_resets: Any = None,
     ) -> None:
         if commit_interval_s <= 0:
             raise ConfigError("commit_interval_s must be positive")
@@ -120,6 +125,9 @@ class KafkaConsumerBase(ABC):
         options.pop("enable_auto_commit", None)
         options.setdefault("auto_offset_reset", "earliest")
         options.setdefault("metadata_max_age_ms", METADATA_MAX_AGE_MS)
+        if options["auto_offset_reset"] not in ("earliest", "latest"):
+            raise ConfigError("auto_offset_reset must be 'earliest' or 'latest'")
+        self._reset_policy: str = options["auto_offset_reset"]
         self._consumer_options = options
         shared = {k: v for k, v in options.items() if k in CLIENT_OPTION_KEYS}
         self._producer_options = {**shared, **(producer_options or {})}
@@ -136,7 +144,16 @@ class KafkaConsumerBase(ABC):
         self._closed = False
         self.commit_failures = 0
         """Commits that failed (retried at the next interval); for tests and logs."""
-        self.lag = ConsumerLag(lag_gauge, lag_interval_s, self._first_not_done)
+        self.lag = ConsumerLag(
+            lag_gauge, lag_interval_s, self._first_not_done, self._reset_past_end
+        )
+        self._offset_resets_metric = offset_resets
+        self.offset_resets: dict[Any, int] = {}
+        """Positions found past their partition's log end and reset, per partition."""
+        self._assignor = CheckedAssignor(self._assignment_stale)
+        self._rejoin = False
+        """The broker handed back an assignment the leader had not computed: join anew."""
+        self._last_rejoin = float("-inf")
         self.restarts = 0
         """How often :meth:`restart` connected again after a failure."""
 
@@ -146,10 +163,12 @@ class KafkaConsumerBase(ABC):
         """Connect the consumer and the dead-letter producer and join the group."""
         if self._consumer is not None:
             raise StateError(f"{type(self).__name__} already started")
+        throttle_client_logs()
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=self._bootstrap,
             group_id=self._group_id,
             enable_auto_commit=False,
+            partition_assignment_strategy=(self._assignor,),
             **self._consumer_options,
         )
         producer_options = {
@@ -187,6 +206,8 @@ class KafkaConsumerBase(ABC):
             while not self._stopping.is_set():
                 if self._failure is not None:
                     raise self._failure
+                if self._rejoin:
+                    await unless_stopping(self._stopping, self._join_anew(consumer, loop.time()))
                 await self._before_poll()
                 # Given up at stop(): during a rebalance getmany waits for the assignment.
                 batch = await unless_stopping(self._stopping, consumer.getmany(timeout_ms=poll_ms))
@@ -323,11 +344,19 @@ class KafkaConsumerBase(ABC):
             await self._consumer.commit({tp: pos for tp, _, pos in todo})
         except (CommitFailedError, IllegalStateError) as exc:
             self.commit_failures += 1
-            log.warning("kafka.commit_skipped_rebalance", topic=self._topic, error=str(exc))
+            throttled_log.warning(
+                "kafka.commit_skipped_rebalance",
+                key=(self._topic, type(exc).__name__),
+                topic=self._topic,
+                error=str(exc),
+            )
             return
         except KafkaError as exc:
             self.commit_failures += 1
-            log.warning("kafka.commit_failed", topic=self._topic, error=type(exc).__name__)
+            error = type(exc).__name__
+            throttled_log.warning(
+                "kafka.commit_failed", key=(self._topic, error), topic=self._topic, error=error
+            )
             return
         for _, st, pos in todo:
             st.committed = pos
@@ -343,6 +372,53 @@ class KafkaConsumerBase(ABC):
     def _on_assigned(self, assigned: Collection[Any]) -> None:
         for tp in assigned:
             self._parts[tp] = PartitionProgress()
+
+    # -- positions past the log end, assignments the leader did not make ---------------
+
+    async def _reset_past_end(self, tp: Any, position: int, log_end: int) -> None:
+        """``tp``'s position lies past its log end (the broker lost its data, or the topic
+        was recreated): move it per ``auto_offset_reset``, count it, log it once. The
+        work of the old log still in flight no longer holds the commit point."""
+        consumer = self._consumer
+        if self._reset_policy == "latest":
+            consumer.seek(tp, log_end)
+        else:
+            await consumer.seek_to_beginning(tp)
+        reset_to = await consumer.position(tp)
+        st = PartitionProgress()
+        st.next_offset = reset_to  # committed at the next commit
+        self._parts[tp] = st
+        self._forget_partition(tp)
+        self.offset_resets[tp] = self.offset_resets.get(tp, 0) + 1
+        if self._offset_resets_metric is not None:
+            self._offset_resets_metric.labels(tp.topic).inc()
+        log.warning(
+            "kafka.offset_reset",
+            topic=tp.topic,
+            partition=tp.partition,
+            position=position,
+            log_end=log_end,
+            reset_to=reset_to,
+            policy=self._reset_policy,
+        )
+
+    def _forget_partition(self, tp: Any) -> None:  # noqa: B027 (an optional hook)
+        """Subclass hook: drop what a position reset of ``tp`` makes stale."""
+
+    def _assignment_stale(self) -> None:
+        self._rejoin = True
+
+    async def _join_anew(self, consumer: Any, now: float) -> None:
+        """Leave and join the group again as a new member (a fresh assignment); at most
+        once per metadata refresh interval."""
+        if now - self._last_rejoin < _REJOIN_MIN_INTERVAL_S:
+            return
+        self._rejoin = False
+        self._last_rejoin = now
+        log.warning("kafka.assignment_stale", topic=self._topic, group=self._group_id)
+        await leave_group(consumer)
+        consumer.unsubscribe()
+        consumer.subscribe([self._topic], listener=_Rebalance(self))
 
     # -- dead letters ------------------------------------------------------------------
 

@@ -58,6 +58,7 @@ from adapters.kafka.connection import (
     StoppingError,
     unless_stopping,
 )
+from adapters.kafka.logs import throttle_client_logs
 from monitor.core.errors import ConfigError, InputError
 from monitor.core.failures import internal_error
 from monitor.core.review import ReviewItem, Verdict, parse_verdict, served_acceptable
@@ -85,6 +86,7 @@ def durable_producer(bootstrap_servers: str, **options: Any) -> Any:
     """An (unstarted) ``AIOKafkaProducer`` fit for :class:`KafkaReviewQueue` (acks=all)."""
     options.pop("acks", None)
     options.setdefault("enable_idempotence", False)
+    throttle_client_logs()
     return AIOKafkaProducer(bootstrap_servers=bootstrap_servers, acks="all", **options)
 
 

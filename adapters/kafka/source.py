@@ -41,6 +41,12 @@ done yet (held, in flight or not fetched: what the commit point will pass) are e
 to ``relmon_kafka_consumer_lag{topic,partition}``; the series of a partition this
 consumer no longer has are removed, so that a sum over replicas counts each once.
 
+A position past a partition's log end (the broker lost its data, or the topic was
+recreated, and the broker answers such a fetch with nothing instead of
+OffsetOutOfRange) is found by that same measurement and reset per
+``auto_offset_reset`` (``earliest`` or ``latest``), counted in ``offset_resets``
+(``relmon_kafka_offset_resets_total{topic}``) and logged once (``kafka.offset_reset``).
+
 :class:`KafkaConsumerBase` holds what the source shares with the verdict consumer in
 :mod:`adapters.kafka.review`: start/stop, commits, rebalances, the dead-letter producer.
 """
@@ -170,6 +176,7 @@ class KafkaEventSource(KafkaConsumerBase):
         producer_options: Mapping[str, Any] | None = None,
         lag_gauge: Any = None,
         lag_interval_s: float = 5.0,
+        offset_resets: Any = None,
         skip: SkipCheck | None = None,
         **consumer_options: Any,
     ) -> None:
@@ -186,6 +193,7 @@ class KafkaEventSource(KafkaConsumerBase):
             consumer_options=consumer_options,
             lag_gauge=lag_gauge,
             lag_interval_s=lag_interval_s,
+            offset_resets=offset_resets,
         )
         self.source_name = source_name
         self._sink = sink
@@ -263,3 +271,8 @@ class KafkaEventSource(KafkaConsumerBase):
 
     def _forget_progress(self) -> None:
         self._held.clear()
+
+    def _forget_partition(self, tp: Any) -> None:
+        """A position reset: the held records belong to the old log; fetch again."""
+        if self._held.pop(tp, None) is not None and tp in self._consumer.assignment():
+            self._consumer.resume(tp)

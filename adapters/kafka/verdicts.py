@@ -32,6 +32,7 @@ from adapters.kafka.connection import (
     record_failed,
     unless_stopping,
 )
+from adapters.kafka.logs import throttle_client_logs
 from adapters.kafka.review import (
     TOO_DEEP,
     KafkaCalibrationStore,
@@ -98,6 +99,7 @@ class KafkaVerdictConsumer:
         producer_options: Mapping[str, Any] | None = None,
         lag_gauge: Any = None,
         lag_interval_s: float = 5.0,
+        offset_resets: Any = None,
     ) -> None:
         if store.dead_letter_topic is None:
             raise ConfigError("the verdict consumer needs the store's dead_letter_topic")
@@ -136,7 +138,10 @@ class KafkaVerdictConsumer:
         """Verdicts this consumer dead-lettered (for tests and logs)."""
         self.restarts = 0
         """How often :meth:`restart` connected again after a failure."""
-        self.lag = ConsumerLag(lag_gauge, lag_interval_s, self._next_offset)
+        self.lag = ConsumerLag(lag_gauge, lag_interval_s, self._next_offset, self._reset_past_end)
+        self._offset_resets_metric = offset_resets
+        self.offset_resets: dict[TopicPartition, int] = {}
+        """Positions found past their partition's log end and reset, per partition."""
 
     @property
     def waiting(self) -> int:
@@ -179,6 +184,7 @@ class KafkaVerdictConsumer:
 
     async def _connect(self) -> None:
         """Start the clients and assign the partitions at ``_next``."""
+        throttle_client_logs()
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=self._store.bootstrap_servers,
             group_id=None,
@@ -302,6 +308,26 @@ class KafkaVerdictConsumer:
         if self._consumer is None or self._closed or self._failure is not None or self._down:
             return False
         return has_live_connection(self._consumer)
+
+    async def _reset_past_end(self, tp: TopicPartition, position: int, log_end: int) -> None:
+        """``tp``'s position lies past its log end (the broker lost its data, the topic
+        was recreated): follow it again from its start (these topics are read in full),
+        count it and log it once. Review items and verdicts seen before stay known, so
+        none is applied twice."""
+        await self._consumer.seek_to_beginning(tp)
+        self._next[tp] = reset_to = await self._consumer.position(tp)
+        self.offset_resets[tp] = self.offset_resets.get(tp, 0) + 1
+        if self._offset_resets_metric is not None:
+            self._offset_resets_metric.labels(tp.topic).inc()
+        log.warning(
+            "kafka.offset_reset",
+            topic=tp.topic,
+            partition=tp.partition,
+            position=position,
+            log_end=log_end,
+            reset_to=reset_to,
+            policy="earliest",
+        )
 
     def _refresh_interval_s(self) -> float:
         """Until the next metadata refresh: short while a topic is not there yet."""

@@ -62,6 +62,9 @@ def _foreign(logger: Any, method: str, event: MutableMapping[str, Any]) -> Mutab
         return event  # relmon's own event: it never logs headers
     event["logger"] = record.name
     event["event"] = redact_secrets(str(event.get("event", "")))
+    suppressed = getattr(record, "suppressed", None)
+    if suppressed:  # lines like it held back by a rate limit (adapters.kafka.logs)
+        event["suppressed"] = suppressed
     event.pop("stack_info", None)
     exc_info = event.pop("exc_info", None)
     if exc_info is True:

@@ -18,7 +18,7 @@ Schema (version :data:`SCHEMA_VERSION`)::
             aci_miss INTEGER  -- the verdict's ACI step: 1 miss, 0 covered, NULL none
             served_acceptable INTEGER  -- 1/0: the verdict accepted the served answer
                                        -- or not; NULL: the item had none
-            segment TEXT  -- the item's segment label; NULL: its task had no segments)
+            segment TEXT  -- the item's segment value; NULL: its task had no segments)
     leases(item_id TEXT PRIMARY KEY, holder TEXT, expires REAL,
            owner TEXT (the reviewer behind the holder, for the per-reviewer cap))
     held_verdicts(item_id TEXT PRIMARY KEY, verdict TEXT (Verdict JSON), held_at REAL,
@@ -42,7 +42,7 @@ alpha anyway) and move to schema 3.
 verdicts' ``holder`` below: an older relmon ignores it) says whether the verdict accepted
 the answer production served; a file from before it gets the column with NULL for the
 verdicts it holds: no served answer, which those relmon versions never kept.
-``segment`` (added the same way) is the item's segment label (``tasks[].segments``); NULL
+``segment`` (added the same way) is the item's segment value (``tasks[].segments``); NULL
 for the verdicts of an older file, and of tasks without segments.
 
 Leases (:meth:`lease_next`) keep two reviewers from being handed the same item at the

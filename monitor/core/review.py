@@ -126,9 +126,10 @@ class ReviewItem:
     served; None when it is not known. A candidate of count 0 (last) is that class when
     the re-asks never drew it: offered, never ranked. Not shown on the review page."""
     segment: str | None = None
-    """The item's segment label (``tasks[].segments``: a label value of
-    :mod:`monitor.core.segments`, ``other`` included), fixed when it was scored; None for
-    a task without segments (and every item written before them)."""
+    """The item's segment value (``tasks[].segments``) as a label value of
+    :mod:`monitor.core.segments` (kept or hashed; ``other`` in items written before
+    values were kept), fixed when it was scored; None for a task without segments (and
+    every item written before them)."""
 
     @classmethod
     def from_consensus(

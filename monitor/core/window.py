@@ -136,6 +136,7 @@ class CalibrationWindow:
         self.delta = lower_bound_delta
         self._entries: dict[str, _Entry] = {}
         self._heap: list[tuple[OrderKey, str]] = []  # min-heap on the order key
+        self._removed: set[tuple[OrderKey, str]] = set()  # heap entries :meth:`remove` left
         self._mass: dict[float, int] = {}
         self._sum_sq = 0  # fixed point squared: units of 2^-(2 * _FIXED_BITS)
         self._served = [0, 0, 0, 0]  # items, Σw, Σw·1{acceptable}, Σw² (fixed point)
@@ -220,22 +221,55 @@ class CalibrationWindow:
             raise InputError(f"a sampling time is finite, got {t}")
         self._arrivals += 1
         key: OrderKey = order if order is not None else (self._arrivals,)
-        if len(self._entries) >= self.max_items and (key, item_id) < self._heap[0]:
+        if len(self._entries) >= self.max_items and (key, item_id) < self._top():
             return True
         if t > self._t_max:
             self._retarget(t)
         entry = _Entry(item_id, score, t, inclusion_probability, key, served=served)
         self._entries[item_id] = entry
-        heapq.heappush(self._heap, (key, item_id))
+        if (key, item_id) in self._removed:
+            self._removed.discard((key, item_id))  # its old heap entry stands for it again
+        else:
+            heapq.heappush(self._heap, (key, item_id))
         entry.stored = self._stored(t, inclusion_probability)
         self._account(entry, +1)
         while len(self._entries) > self.max_items:
-            _, old_id = heapq.heappop(self._heap)
-            old = self._entries.pop(old_id)
-            self._account(old, -1)
-            if old.t == self._t_max:
-                self._retarget(max(e.t for e in self._entries.values()))
+            self._drop(self._pop())
         return True
+
+    def remove(self, item_id: str) -> bool:
+        """Take ``item_id`` out of the window (False: it was not held). The window is then
+        exactly the one the other items alone would make, added in any order."""
+        entry = self._entries.get(item_id)
+        if entry is None:
+            return False
+        self._removed.add((entry.key, item_id))
+        self._drop(item_id)
+        if len(self._removed) > len(self._entries):  # compact: the heap stays O(n)
+            self._heap = [(e.key, e.item_id) for e in self._entries.values()]
+            heapq.heapify(self._heap)
+            self._removed.clear()
+        return True
+
+    def _top(self) -> tuple[OrderKey, str]:
+        """The heap's least entry of an item held."""
+        while self._heap[0] in self._removed:
+            self._removed.discard(heapq.heappop(self._heap))
+        return self._heap[0]
+
+    def _pop(self) -> str:
+        """The item held with the least order key, off the heap."""
+        self._top()
+        return heapq.heappop(self._heap)[1]
+
+    def _drop(self, item_id: str) -> None:
+        old = self._entries.pop(item_id)
+        self._account(old, -1)
+        if old.t == self._t_max:
+            if self._entries:
+                self._retarget(max(e.t for e in self._entries.values()))
+            else:
+                self._retarget(-math.inf)
 
     def extend(self, records: Iterable[tuple[str, float, float, float]]) -> int:
         """Add many (item_id, score, pi, t) in order; returns how many were new."""

@@ -175,7 +175,7 @@ class Job:
     served_drawn: bool = False
     """Whether that answer was one of the item's draws (the re-ask was the request)."""
     segment: str | None = None
-    """The item's segment label (set by the worker once the item is ranked, before its
+    """The item's segment value (set by the worker once the item is ranked, before its
     inclusion probability is decided; None: its task has no segments)."""
 
     @property

@@ -2,12 +2,12 @@
 
 Built by :class:`monitor.engine.metrics.Metrics` on its registry (``metrics.segments``).
 Labels ``model``, ``task``, ``segment`` (and ``alpha`` for the thresholds). The label
-values of ``segment`` are the ones stored with the verdicts of the task's window
-(:attr:`monitor.engine.ports.CalibrationRecord.segment`), so that every replica exports
-the same series; a segment's series exist from its first verdict until no verdict of
-the task's window has its label any more (:mod:`monitor.engine.segments`). Like the
-task's level, they do not exist before the segment's first verdict: a 0 would read as
-"reliability 0".
+values of ``segment`` are the segment values stored with the verdicts of the task's
+window (:attr:`monitor.engine.ports.CalibrationRecord.segment`) that have a label of
+their own at export time, and ``other`` for the rest, chosen from those verdicts alone
+(:mod:`monitor.engine.segments`), so that every replica exports the same series; a
+label's series exist while it has verdicts and a label. Like the task's level, they do
+not exist before the segment's first verdict: a 0 would read as "reliability 0".
 """
 
 from __future__ import annotations

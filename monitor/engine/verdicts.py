@@ -3,7 +3,7 @@
 A verdict scores its review item (:func:`monitor.core.review.verdict_score`: the
 smallest accepted rank, ``inf`` for none); the record carries that score with the item's
 model, task, inclusion probability, sampling time, ACI step, whether it accepted the
-served answer (:func:`monitor.core.review.served_acceptable`) and its segment label.
+served answer (:func:`monitor.core.review.served_acceptable`) and its segment value.
 The service applies it live; the Kafka store replays it from the topics at a restart;
 both call
 :func:`calibration_record` with a :class:`VerdictScorer`, so the two cannot differ.

@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry
 from monitor.config import BudgetSettings, TaskSettings
 from monitor.core.canon import as_async, get_canonicalizer
 from monitor.core.events import parse_event
+from monitor.core.segments import SegmentTable
 from monitor.core.stopping import get_stopping_rule
 from monitor.core.window import CalibrationWindow
 from monitor.engine.metrics import Metrics
@@ -202,8 +203,12 @@ def _service(store: InMemoryStore, clock: ManualClock, minimum: float) -> Monito
     )
 
 
+def _tenant(i: int) -> str:
+    return "small" if i % 20 == 7 else "big"
+
+
 def _event(i: int) -> Any:
-    tenant = "small" if i % 20 == 7 else "big"
+    tenant = _tenant(i)
     request = {
         "model": MODEL,
         "messages": [{"role": "user", "content": f"What is {i} + 7?"}],
@@ -225,11 +230,17 @@ async def test_the_worker_stores_the_raised_probability(minimum: float) -> None:
         clock.advance(18.0)
     items = store.pending()
     await service.stop(5.0)
+    # An item carries its tenant; its review rate is its tenant's once the task's table
+    # gives the tenant a label of its own, "other"'s before (a table of our own, fed the
+    # same values in the same order, tells which).
+    table = SegmentTable(20)
+    rate_label = [table.observe(_tenant(i)) for i in range(400)]
     by_tenant: dict[str, list[float]] = {"small": [], "big": [], "other": []}
-    for item in items:  # the first few of each tenant are "other" (the table learns)
-        late = int(item.item_id.rsplit("-", 1)[1]) >= 40  # after 12 minutes
-        if late or item.segment != "big":
-            by_tenant[item.segment or "?"].append(item.inclusion_probability)
+    for item in items:
+        i = int(item.item_id.rsplit("-", 1)[1])
+        assert item.segment == _tenant(i)
+        if i >= 40 or rate_label[i] != "big":  # big: after 12 minutes
+            by_tenant[rate_label[i]].append(item.inclusion_probability)
     assert len(by_tenant["big"]) >= 10
     assert all(p == 0.05 for p in by_tenant["big"])
     if minimum == 0.0:

@@ -22,7 +22,7 @@ from monitor.core.canon import as_async, get_canonicalizer
 from monitor.core.errors import ConfigError, InputError
 from monitor.core.events import parse_event
 from monitor.core.review import ReviewItem, Verdict
-from monitor.core.segments import OTHER, SegmentTable
+from monitor.core.segments import OTHER
 from monitor.core.stopping import get_stopping_rule
 from monitor.core.window import CalibrationWindow
 from monitor.engine.metrics import Metrics
@@ -174,17 +174,15 @@ async def test_each_segment_has_the_window_of_its_own_verdicts_and_the_task_is_u
     service, registry = _service(store, clock, spec)
     applied = await _run_mix(service, store, clock)
 
-    # The labels, predicted by a table of our own fed the same values in the same order:
-    # each tenant is "other" until it has proven busy (six events), then its own.
-    table = SegmentTable(5)
-    expected = [table.observe(_tenant(i)) for i in range(len(applied))]
-    assert [item.segment for item, _ in applied] == expected
-    assert set(expected) == {"gold", "bronze", OTHER}
+    # Every item carries its segment value, from its first event on (not "other" until
+    # the tenant has proven busy): a tenant's window holds all its verdicts.
+    assert [item.segment for item, _ in applied] == [_tenant(i) for i in range(len(applied))]
     assert all(store.records[item.item_id][0].segment == item.segment for item, _ in applied)
     assert applied[-1][0].to_json()["segment"] == "bronze"
+    assert _gauge(registry, "relmon_segment_calibration_items", OTHER) is None
 
     task = service.tasks[TASK]
-    for label in ("gold", "bronze", OTHER):
+    for label in ("gold", "bronze"):
         window = CalibrationWindow(
             alphas=task.alphas, max_items=2000, half_life_s=600, min_inclusion_probability=1.0
         )
@@ -234,11 +232,19 @@ async def test_no_segment_series_before_the_first_verdict() -> None:
     assert item is not None and item.segment == "gold"
     await service.apply_verdict(Verdict(item.item_id, (1,)))
     # One accepted verdict, and the test point's weight: 1 / (1 + 1), as the task's level.
-    assert _gauge(registry, "relmon_segment_reliability_level", "gold") == 0.5
+    # Gold has one record: under "other" until it has five, then under its own label
+    # with all five.
+    assert _gauge(registry, "relmon_segment_reliability_level", OTHER) == 0.5
     assert (
         registry.get_sample_value("relmon_reliability_level", {"model": MODEL, "task": TASK}) == 0.5
     )
-    assert _gauge(registry, "relmon_segment_calibration_items", "gold") == 1.0
+    assert _gauge(registry, "relmon_segment_calibration_items", OTHER) == 1.0
+    assert _gauge(registry, "relmon_segment_calibration_items", "gold") is None
+    for i in range(3, 6):
+        await service.apply_verdict(Verdict(f"{TASK}:req-{i}", (1,)))
+        assert _gauge(registry, "relmon_segment_calibration_items", "gold") is None
+    await service.apply_verdict(Verdict(f"{TASK}:req-2", (1,)))
+    assert _gauge(registry, "relmon_segment_calibration_items", "gold") == 5.0
     assert _gauge(registry, "relmon_segment_calibration_items", OTHER) is None
 
 
@@ -305,10 +311,10 @@ async def test_ten_thousand_distinct_values_leave_a_bounded_set_of_labels() -> N
     assert len({label for label in labels if label.startswith("tenant-")}) == 5  # max
     assert not any(label.startswith("one-off") for label in labels)
     assert len(service.calibration.windows[(MODEL, TASK)].segments or ()) == len(labels)
-    # Every label value exported is one of the task window's records'.
+    # Every label value exported (but "other") is one of the task window's records'.
     window = service.calibration.windows[(MODEL, TASK)].window
     held = {store.records[i][0].segment for i, *_ in window.entries()}
-    assert labels <= held
+    assert labels - {OTHER} <= held
 
 
 async def test_a_kafka_event_segments_by_its_header_never_resent() -> None:
@@ -325,15 +331,15 @@ async def test_a_kafka_event_segments_by_its_header_never_resent() -> None:
         service.offer(e, "test")
     await service.drain()
     labels = [(await store.get_review_item(f"{TASK}:req-{i}")) for i in range(8)]
-    assert [item.segment for item in labels if item is not None] == [OTHER] * 5 + ["acme"] * 3
+    assert [item.segment for item in labels if item is not None] == ["acme"] * 8
     client = service.tasks[TASK].client
     assert isinstance(client, FakeModelClient)
     assert all(route is None or not route.headers for _, route in client.routes)
     for item in labels:
         assert item is not None
         await service.apply_verdict(Verdict(item.item_id, (1,)))
-    assert _gauge(registry, "relmon_segment_calibration_items", "acme") == 3.0
-    assert _gauge(registry, "relmon_segment_calibration_items", OTHER) == 5.0
+    assert _gauge(registry, "relmon_segment_calibration_items", "acme") == 8.0
+    assert _gauge(registry, "relmon_segment_calibration_items", OTHER) is None
     # The proxy and the mirror read a request's headers through the same function.
     headers = {"x-tenant": "beta", "authorization": "Bearer sk-secret"}
     assert carried_headers("openai.chat", headers.get) == (("x-tenant", "beta"),)
@@ -361,8 +367,7 @@ async def test_a_task_segments_by_the_querys_language() -> None:
     await service.drain()
     items = [await store.get_review_item(f"{TASK}:req-{i}") for i in range(16)]
     segments = [item.segment for item in items if item is not None]
-    assert segments[:10] == [OTHER] * 10  # each language has proven busy at its sixth
-    assert segments[10:] == ["de", "en"] * 3
+    assert segments == ["de", "en"] * 8  # the value from the first item on
 
 
 def test_the_segments_setting_is_checked_and_the_item_carries_its_label() -> None:
@@ -406,7 +411,7 @@ def test_a_segment_goes_when_the_task_window_holds_none_of_its_verdicts() -> Non
     def make() -> CalibrationWindow:
         return CalibrationWindow(alphas=(0.1,), max_items=3, half_life_s=None)
 
-    task_window, windows = make(), SegmentWindows(make)
+    task_window, windows = make(), SegmentWindows(make, min_records=1)
     registry = CollectorRegistry()
     metrics = SegmentMetrics(registry)
 

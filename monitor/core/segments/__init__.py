@@ -6,7 +6,11 @@ query's language (:mod:`.language`), label values that carry no user text
 The engine's use, per event of a task with ``segments``::
 
     raw = segment_value(spec, headers, request, query)   # str | None
-    label = table.observe(raw)                           # its own label value, or "other"
+    value = label_value(raw)            # stored with the item and its verdict
+    table.observe(raw)                  # its review rate's label: its own, or "other"
+
+Which values are exported under a label of their own is decided from the stored
+verdicts (:mod:`monitor.engine.segments`), not by the table.
 """
 
 from __future__ import annotations

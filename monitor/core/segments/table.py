@@ -1,5 +1,7 @@
-"""Which segments get a label of their own: at most ``max``, the busiest, stable over
-time, in bounded memory whatever the number of distinct values.
+"""Which segments get a review rate of their own (``segments.min_reviews_per_hour``): at
+most ``max``, the busiest, stable over time, in bounded memory whatever the number of
+distinct values. (Which segments are *exported* under a label of their own is decided
+from the verdicts instead: :mod:`monitor.engine.segments`.)
 
 :class:`SegmentTable` counts the label value of every event of a task
 (:func:`~monitor.core.segments.labels.label_value`: sanitised or hashed first, so the
@@ -144,6 +146,10 @@ class SegmentTable:
         """The label an event with this raw value gets now, without counting it."""
         label = label_value(raw, key=self._key)
         return label if label in self._slots else OTHER
+
+    def holds(self, label: str) -> bool:
+        """Whether the label value ``label`` has a label of its own now."""
+        return label in self._slots
 
     def labels(self) -> frozenset[str]:
         """The values that have a label of their own (``other`` not included)."""

@@ -358,7 +358,13 @@ def test_not_ready_names_a_source_that_is_down_or_not_connected() -> None:
 
     from monitor.app.runner import Running
 
-    service = SimpleNamespace(loaded=True, accepting=True, circuits_open=lambda: [])
+    outbox = SimpleNamespace(problem=lambda: None)
+    service = SimpleNamespace(
+        loaded=True,
+        accepting=True,
+        circuits_open=lambda: [],
+        reviews=SimpleNamespace(outbox=outbox),
+    )
     source = StubSource()
     running = Running(
         settings=None,  # type: ignore[arg-type]

@@ -21,7 +21,6 @@ from monitor.core.conformal import decay_weights, weighted_reliability_level, we
 from monitor.core.events import parse_event
 from monitor.core.review import ReviewItem, Verdict
 from monitor.core.stopping import get_stopping_rule
-from monitor.engine import reviews as reviews_module
 from monitor.engine.metrics import Metrics
 from monitor.engine.service import MonitorService, TaskRuntime
 from monitor.testing import FakeModelClient, InMemoryStore, ManualClock
@@ -477,12 +476,10 @@ class FlakyQueue(InMemoryStore):
 
 
 @pytest.mark.parametrize("failures", [0, 1, 2])
-async def test_a_review_item_write_that_fails_is_tried_again(
-    failures: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Up to two failed writes: the item still reaches the reviewers, scored once (no
-    second round of model calls), nothing counted as lost."""
-    monkeypatch.setattr(reviews_module, "REVIEW_SUBMIT_BACKOFF_S", 0.0)
+async def test_a_review_item_write_that_fails_is_tried_again(failures: int) -> None:
+    """Failed writes: the item waits in the review outbox (counted as waiting) and
+    reaches the reviewers once the queue takes it, scored once (no second round of model
+    calls), nothing counted as lost."""
     client = FakeModelClient(arithmetic_model(1.0))
     queue = FlakyQueue(failures)
     service, _, _, registry = make_service(client=client, store=queue)
@@ -492,41 +489,56 @@ async def test_a_review_item_write_that_fails_is_tried_again(
     assert admission.decision == "sampled" and admission.done is not None
     await asyncio.wait_for(admission.done, 10)
     labels = {"model": "sim-1", "task": "arith"}
+    assert registry.get_sample_value("relmon_review_queue_depth", labels) == 1.0
+    await wait_until(lambda: len(service.reviews.outbox) == 0, what="the outbox to drain")
     assert queue.attempts == failures + 1 and [i.item_id for i in queue.pending()] == [
         "arith:req-1"
     ]
-    assert registry.get_sample_value("relmon_review_submit_failures_total", labels) == 0.0
+    assert registry.get_sample_value("relmon_review_submit_failures_total", labels) == (
+        1.0 if failures else 0.0
+    )
+    assert registry.get_sample_value("relmon_review_outbox_items", labels) == 0.0
+    assert registry.get_sample_value("relmon_review_outbox_dropped_total", labels) == 0.0
     assert registry.get_sample_value("relmon_review_queue_depth", labels) == 1.0
-    assert service.stats.scored == 1 and client.calls <= 10
+    assert service.stats.scored == service.stats.reviewed == 1 and client.calls <= 10
     await service.stop(5)
 
 
-async def test_a_review_item_that_cannot_be_written_is_counted_and_logged(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+async def test_a_review_item_the_full_outbox_cannot_keep_is_counted_and_logged(
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """Every attempt fails: counted under relmon_review_submit_failures_total, one error
-    line naming the item (not its text), the item not queued and its id forgotten, so a
-    later delivery of the event is asked again rather than called a duplicate."""
-    monkeypatch.setattr(reviews_module, "REVIEW_SUBMIT_BACKOFF_S", 0.0)
+    """The queue refuses every write and the outbox holds one item: the first scored
+    item waits (counted as waiting), the second is dropped: counted under
+    relmon_review_outbox_dropped_total, one error line naming the item (not its text),
+    its id forgotten, so a later delivery of the event is asked again rather than called
+    a duplicate. Once the queue takes writes, the waiting item is written."""
     client = FakeModelClient(arithmetic_model(1.0))
-    queue = FlakyQueue(failures=reviews_module.REVIEW_SUBMIT_ATTEMPTS)
+    queue = FlakyQueue(failures=10**9)
     service, _, _, registry = make_service(client=client, store=queue)
+    service.reviews.outbox.max_items = 1
     await service.load()
     service.start()
-    admission = service.offer(parse_event(event(1)), "kafka", wait=True)
-    assert admission.done is not None
-    await asyncio.wait_for(admission.done, 10)
     labels = {"model": "sim-1", "task": "arith"}
-    assert queue.attempts == reviews_module.REVIEW_SUBMIT_ATTEMPTS and queue.pending() == []
-    assert registry.get_sample_value("relmon_review_submit_failures_total", labels) == 1.0
-    assert registry.get_sample_value("relmon_review_queue_depth", labels) == 0.0
-    assert service.stats.scored == 1 and service.stats.reviewed == 0
+    for i in (1, 2):
+        admission = service.offer(parse_event(event(i)), "kafka", wait=True)
+        assert admission.done is not None
+        await asyncio.wait_for(admission.done, 10)
+    assert queue.pending() == [] and len(service.reviews.outbox) == 1
+    assert registry.get_sample_value("relmon_review_outbox_items", labels) == 1.0
+    assert registry.get_sample_value("relmon_review_outbox_dropped_total", labels) == 1.0
+    assert registry.get_sample_value("relmon_review_queue_depth", labels) == 1.0
+    assert service.stats.scored == 2 and service.stats.reviewed == 1
     out = capsys.readouterr().out
-    assert "review_item_not_written" in out and "arith:req-1" in out
+    assert "review_item_dropped" in out and "arith:req-2" in out
     assert "What is 2 + 3" not in out and "Traceback" not in out
-    assert service.offer(parse_event(event(1)), "kafka", wait=True).decision == "sampled"
-    await service.drain()
+    assert service.offer(parse_event(event(1)), "kafka", wait=True).decision == "duplicate"
+    queue.failures = 0
+    await wait_until(lambda: len(service.reviews.outbox) == 0, what="the outbox to drain")
     assert [i.item_id for i in queue.pending()] == ["arith:req-1"]
+    assert service.offer(parse_event(event(2)), "kafka", wait=True).decision == "sampled"
+    await service.drain()
+    assert [i.item_id for i in queue.pending()] == ["arith:req-1", "arith:req-2"]
+    assert registry.get_sample_value("relmon_review_outbox_items", labels) == 0.0
     await service.stop(5)
 
 

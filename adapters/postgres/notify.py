@@ -18,13 +18,14 @@ from collections.abc import Callable
 from typing import Any
 
 import asyncpg
-import structlog
 
 from adapters.postgres.schema import VERDICT_CHANNEL
+from monitor.engine.logs import ThrottledLog
 
 __all__ = ["listen_for_verdicts"]
 
-log = structlog.get_logger("relmon")
+throttled = ThrottledLog()
+"""A server down repeats these lines every ``retry_s``: rate-limited."""
 
 _FAILURES = (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError)
 
@@ -42,13 +43,17 @@ async def listen_for_verdicts(
         try:
             conn = await asyncpg.connect(dsn, timeout=10)
         except _FAILURES as exc:
-            log.warning("store_listen_failed", store=where, error=f"{type(exc).__name__}: {exc}")
+            throttled.warning(
+                "store_listen_failed", key=where, store=where, error=f"{type(exc).__name__}: {exc}"
+            )
             await asyncio.sleep(retry_s)
             continue
         try:
             await _listen(conn, wake, check_s=check_s)
         except _FAILURES as exc:
-            log.warning("store_listen_lost", store=where, error=f"{type(exc).__name__}: {exc}")
+            throttled.warning(
+                "store_listen_lost", key=where, store=where, error=f"{type(exc).__name__}: {exc}"
+            )
         finally:
             with contextlib.suppress(*_FAILURES):
                 await asyncio.wait_for(conn.close(), 5)

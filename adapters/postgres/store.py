@@ -100,6 +100,7 @@ def _store_error(exc: Exception) -> StoreError:
         | asyncpg.exceptions.ConnectionDoesNotExistError
         | asyncpg.exceptions.CannotConnectNowError
         | asyncpg.exceptions.TooManyConnectionsError
+        | asyncpg.exceptions.InternalClientError
         | ConnectionError
         | OSError,
     )
@@ -142,7 +143,12 @@ class PostgresStore(ReviewPageTables, VerdictExport):
         try:
             async with self._pool.acquire() as conn:
                 return await fn(conn)
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
+        except (
+            asyncpg.PostgresError,
+            asyncpg.InterfaceError,
+            asyncpg.exceptions.InternalClientError,  # a connection the server cut mid-call
+            OSError,
+        ) as exc:
             raise _store_error(exc) from None
 
     # -- ReviewQueue ------------------------------------------------------------------

@@ -72,6 +72,7 @@ from monitor.core.review import (
     parse_verdict,
     same_judgement,
 )
+from monitor.engine.logs import ThrottledLog
 from monitor.engine.ports import Clock, SystemClock, VerdictHandler
 
 __all__ = [
@@ -84,6 +85,8 @@ __all__ = [
 ]
 
 _log = structlog.get_logger(__name__)
+_throttled = ThrottledLog(name=__name__)
+"""Lines a store outage repeats (every flush): rate-limited."""
 _MAX_SESSION = 64
 _MAX_EXCLUDE = 64
 
@@ -286,9 +289,9 @@ class ReviewPage:
             try:
                 await self.flush()
             except RelmonError as exc:  # the store or the service failed: retry later
-                _log.error("held_verdicts_flush_failed", error=type(exc).__name__)
-            except Exception:
-                _log.exception("held_verdicts_flush_failed")
+                _throttled.error("held_verdicts_flush_failed", error=type(exc).__name__)
+            except Exception as exc:  # a bug: with its traceback, rate-limited all the same
+                _throttled.error("held_verdicts_flush_failed", key="bug", exc_info=exc)
             await asyncio.sleep(self._flush_every)
 
     async def _start(self, app: web.Application) -> None:

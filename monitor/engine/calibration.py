@@ -5,8 +5,9 @@ A verdict (:meth:`Calibration.apply_verdict`) becomes a score by the one rule of
 :mod:`monitor.engine.verdicts`, is stored once by item id (the first stored verdict
 counts), and enters the window, the e-detector, ACI's alpha_t and the live check of the
 guarantee (was the score within the threshold in force when the item was scored?).
-A record with a segment label also enters that segment's window, beside the task's
-(:mod:`monitor.engine.segments`).
+A record with a segment value also enters the per-segment windows, beside the task's
+(:mod:`monitor.engine.segments`: each value's records, exported under its own label or
+``other``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from monitor.core.alarm import EDetector, SplitDetectors
 from monitor.core.conformal import AdaptiveAlpha
 from monitor.core.errors import InputError
 from monitor.core.review import ReviewItem, TaskProgress, Verdict, minimum_calibration_items
+from monitor.core.segments import DEFAULT_MAX_SEGMENTS
 from monitor.core.window import CalibrationWindow, WindowSnapshot
 from monitor.engine.judged import JUDGED_PER_WINDOW, JudgedItems
 from monitor.engine.metrics import Metrics
@@ -71,7 +73,7 @@ class WindowState:
     """With ``tasks[].judge``: the judge's labels (the prediction-powered level)."""
     ppi_at: float = -math.inf
     segments: SegmentWindows | None = None
-    """The windows per segment label of the records (:mod:`monitor.engine.segments`)."""
+    """The windows per segment of the records (:mod:`monitor.engine.segments`)."""
     segment_alarms: SegmentAlarms | None = None
     """With ``tasks[].segments``: the alarm per segment, alpha split over max + 2 labels."""
 
@@ -125,7 +127,11 @@ class Calibration:
                     if task.judge is not None
                     else None
                 ),
-                segments=SegmentWindows(lambda: self._new_window(task, segment=True)),
+                segments=SegmentWindows(
+                    lambda: self._new_window(task, segment=True),
+                    DEFAULT_MAX_SEGMENTS if task.segments is None else task.segments.spec.max,
+                    track_left=task.segments is not None,  # for its alarms
+                ),
                 segment_alarms=self._segment_alarms(task),
             )
             self.windows[key] = state
@@ -418,8 +424,8 @@ class Calibration:
             return
         self.metrics.reliability_alarm_evalue.labels(model, task).set(state.detector.value)
         self.metrics.reliability_alarm.labels(model, task).set(1.0 if state.detector.alarm else 0.0)
-        if state.segment_alarms is not None:
-            state.segment_alarms.publish(self.metrics.segments, model, task)
+        if state.segment_alarms is not None and state.segments is not None:
+            state.segment_alarms.publish(self.metrics.segments, model, task, state.segments)
 
     def aci_alpha(self, model: str, task_name: str) -> float | None:
         """The adaptive alpha_t served for the target's sets (None when ACI is off).

@@ -8,6 +8,8 @@ an implementation. Fakes for tests live in :mod:`monitor.testing`.
 - :class:`ModelClient`: asks the model again (``adapters.model``);
 - :class:`ReviewQueue`: where review items go (``adapters.sqlite``, ``adapters.kafka``);
 - :class:`CalibrationStore`: review items and scored verdicts, durable (the same two);
+- :class:`OutboxStorage`: where review items wait while the review queue refuses writes
+  (``adapters.files``; none: memory only);
 - :class:`Source`: a long-running source of events or verdicts, supervised by the app
   (``adapters.kafka``); HTTP sources push into an :data:`EventSink` instead;
 - :data:`EventSink`, :data:`VerdictHandler`: what sources and review backends call.
@@ -36,6 +38,8 @@ __all__ = [
     "ExportedVerdict",
     "Judgement",
     "ModelClient",
+    "OutboxEntry",
+    "OutboxStorage",
     "ReviewQueue",
     "SharedStore",
     "Source",
@@ -146,6 +150,37 @@ class ReviewQueue(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class OutboxEntry:
+    """A review item waiting in the outbox, numbered in the order it came."""
+
+    seq: int
+    item: ReviewItem
+
+
+class OutboxStorage(Protocol):
+    """Where the review outbox (:mod:`monitor.engine.outbox`) keeps its items across a
+    restart: one durable record per item, written before :meth:`save` returns."""
+
+    @property
+    def where(self) -> str:
+        """Where the items are kept, for messages (a directory)."""
+        ...
+
+    async def load(self) -> tuple[list[OutboxEntry], int]:
+        """The items kept, in their order, and how many records could not be read
+        (skipped, set aside, never raised)."""
+        ...
+
+    async def save(self, entry: OutboxEntry) -> None:
+        """Keep ``entry`` durably (raises :class:`OSError` if it cannot)."""
+        ...
+
+    async def remove(self, seq: int) -> None:
+        """Forget the entry numbered ``seq`` (written to the review queue, or dropped)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
 class VerdictOutcome:
     """``applied``: new verdict scored into the window; ``duplicate``: already had one;
     ``unknown``: no such review item; ``invalid``: rejected (message in ``reason``)."""
@@ -181,10 +216,12 @@ class CalibrationRecord:
     (:func:`monitor.core.review.served_acceptable`); ``None``: the item had no served
     answer (and every record stored before relmon kept this). Persisted with the record."""
     segment: str | None = None
-    """The item's segment label (:attr:`monitor.core.review.ReviewItem.segment`), fixed
-    when it was scored; ``None`` for a task without segments and every record stored
-    before them. Persisted with the record: every replica keys its per-segment windows
-    by it (:mod:`monitor.engine.segments`)."""
+    """The item's segment value as a label value (kept or hashed, never raw text:
+    :attr:`monitor.core.review.ReviewItem.segment`), fixed when it was scored; ``None``
+    for a task without segments and every record stored before them (records stored
+    before values were kept carry their label then: a value's own, or ``other``).
+    Persisted with the record: every replica builds its per-segment windows from it
+    (:mod:`monitor.engine.segments`)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,5 +1,6 @@
 """Review routing: a scored item chosen for review becomes a review item, redacted,
-written durably to the review queue (retried), and counted as waiting.
+written durably to the review queue (or kept in the review outbox until the queue takes
+it: :mod:`monitor.engine.outbox`), and counted as waiting.
 
 The served answer's class is always among the item's candidates (so that the verdict
 judges it): its rank when the re-asks drew it, else offered after the ranked candidates
@@ -9,11 +10,9 @@ is stays in the item's data (``served_rank``); the review page does not mark it,
 
 from __future__ import annotations
 
-import asyncio
 import math
 from collections.abc import Callable
-
-import structlog
+from dataclasses import dataclass
 
 from monitor.core.consensus import Consensus
 from monitor.core.events import query_text
@@ -21,18 +20,21 @@ from monitor.core.redaction import Redactor
 from monitor.core.review import ReviewItem
 from monitor.engine.calibration import Calibration
 from monitor.engine.metrics import Metrics
-from monitor.engine.ports import CalibrationStore, ReviewQueue
+from monitor.engine.outbox import DEFAULT_OUTBOX_MAX_ITEMS, ReviewOutbox
+from monitor.engine.ports import CalibrationStore, OutboxStorage, ReviewQueue
 from monitor.engine.runtime import Job
 
-__all__ = ["REVIEW_SUBMIT_ATTEMPTS", "REVIEW_SUBMIT_BACKOFF_S", "ReviewRouter"]
+__all__ = ["OutboxSettings", "ReviewRouter"]
 
-log = structlog.get_logger("relmon")
 
-REVIEW_SUBMIT_ATTEMPTS = 3
-"""Writes of one review item (the review queue: SQLite, or the Kafka review topic whose
-producer retries within each attempt), 1 s then 2 s apart, before it is given up."""
-REVIEW_SUBMIT_BACKOFF_S = 1.0
-"""The wait before the second write of a review item (doubled before each next one)."""
+@dataclass(frozen=True, slots=True)
+class OutboxSettings:
+    """The review outbox of a router (:class:`~monitor.engine.outbox.ReviewOutbox`):
+    where it keeps items (None: memory), its bound, and the queue's name in messages."""
+
+    storage: OutboxStorage | None = None
+    max_items: int = DEFAULT_OUTBOX_MAX_ITEMS
+    name: str = "review queue"
 
 
 class ReviewRouter:
@@ -47,6 +49,7 @@ class ReviewRouter:
         metrics: Metrics,
         redactor: Redactor,
         forget: Callable[[str], None],
+        outbox: OutboxSettings | None = None,
     ) -> None:
         self.store = store
         self.review_queue = review_queue
@@ -55,6 +58,15 @@ class ReviewRouter:
         self.redactor = redactor
         self._forget = forget
         """Forgets an admitted item id (an unpublished item is not a duplicate later)."""
+        settings = outbox or OutboxSettings()
+        self.outbox = ReviewOutbox(
+            review_queue,
+            metrics,
+            storage=settings.storage,
+            max_items=settings.max_items,
+            name=settings.name,
+            on_dropped=self._dropped,
+        )
 
     def review_item(
         self,
@@ -101,47 +113,36 @@ class ReviewRouter:
         return shown, both.classes[-1]
 
     async def route(self, item: ReviewItem) -> bool:
-        """Store and publish ``item``; False (counted, logged) if it could not be written."""
+        """Store and publish ``item``, or keep it in the review outbox until the queue
+        takes it (:mod:`monitor.engine.outbox`): either way it waits for review (never
+        re-asked). False (counted, logged) only if the outbox was full."""
         store: object = self.store
-        if store is not self.review_queue:  # the SQLite store is both
+        if store is not self.review_queue:  # the SQLite and PostgreSQL stores are both
             await self.store.save_review_item(item)
-        if not await self._submit(item):
-            self._forget(item.item_id)
-            self.store.discard_review_item(item.item_id)
-            return False
+        if not await self.outbox.submit(item):
+            return False  # dropped: forgotten by _dropped
         self.calibration.note_review_item(item)
         return True
 
-    async def _submit(self, item: ReviewItem) -> bool:
-        """Write ``item`` to the review queue, again after a failure (a broker
-        re-electing its leader, a locked database); False once every attempt failed,
-        which is counted and logged (without the item's text). The item stays scored
-        once: it is not re-asked."""
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                await self.review_queue.submit(item)
-                return True
-            except Exception as exc:  # any failure of the queue's backend
-                error = f"{type(exc).__name__}: {exc}"
-                if attempt == REVIEW_SUBMIT_ATTEMPTS:
-                    self.metrics.review_submit_failures.labels(item.model, item.task).inc()
-                    log.error(
-                        "review_item_not_written",
-                        item=item.item_id,
-                        model=item.model,
-                        task=item.task,
-                        attempts=attempt,
-                        error=error,
-                    )
-                    return False
-                log.warning(
-                    "review_item_write_retry",
-                    item=item.item_id,
-                    model=item.model,
-                    task=item.task,
-                    attempt=attempt,
-                    error=error,
-                )
-                await asyncio.sleep(REVIEW_SUBMIT_BACKOFF_S * 2 ** (attempt - 1))
+    async def load(self) -> list[ReviewItem]:
+        """The items a previous run left in the on-disk outbox: known to the store again
+        and counted as waiting (the drainer writes them once :meth:`start` ran)."""
+        loaded = await self.outbox.load()
+        store: object = self.store
+        for item in loaded:
+            if store is not self.review_queue:
+                await self.store.save_review_item(item)
+            self.calibration.note_review_item(item)
+        return loaded
+
+    def start(self) -> None:
+        self.outbox.start()
+
+    async def stop(self) -> None:
+        await self.outbox.stop()
+
+    def _dropped(self, item: ReviewItem) -> None:
+        """An item the full outbox could not keep: a later delivery of its event is
+        monitored again, not called a duplicate."""
+        self._forget(item.item_id)
+        self.store.discard_review_item(item.item_id)

@@ -42,7 +42,7 @@ from monitor.engine.ports import (
     SystemClock,
     VerdictOutcome,
 )
-from monitor.engine.reviews import ReviewRouter
+from monitor.engine.reviews import OutboxSettings, ReviewRouter
 from monitor.engine.routing import TaskRouter
 from monitor.engine.runtime import Job, ServiceStats, TaskRuntime
 from monitor.engine.segments import detects_language, segment_headers
@@ -70,6 +70,7 @@ class MonitorService:
         log_prompts: bool = False,
         query_hash_key: bytes | None = None,
         redactor: Redactor | None = None,
+        outbox: OutboxSettings | None = None,
     ) -> None:
         if not tasks:
             raise ConfigError("at least one task is needed")
@@ -107,6 +108,7 @@ class MonitorService:
             metrics=metrics,
             redactor=self.redactor,
             forget=self.admission.forget,
+            outbox=outbox,
         )
         self.workers = WorkerPool(
             queue,
@@ -197,8 +199,9 @@ class MonitorService:
             log.info("language_detector_ready", seconds=round(self.clock.monotonic() - started, 3))
         loaded = await self.calibration.load()
         await self.calibration.load_judgements()
-        # A restart recognises items it already reviewed.
+        # A restart recognises items it already reviewed, and those waiting in the outbox.
         self.admission.remember_all(await self.store.recent_item_ids(RECENT_ITEM_IDS))
+        self.admission.remember_all([item.item_id for item in await self.reviews.load()])
         self.loaded = True
         self.publish()
         log.info("windows_loaded", records=loaded, windows=len(self.calibration.windows))
@@ -235,6 +238,7 @@ class MonitorService:
 
     def start(self) -> None:
         self.workers.start()
+        self.reviews.start()
 
     async def drain(self) -> None:
         """Wait until every admitted item is handled."""
@@ -243,7 +247,9 @@ class MonitorService:
     async def stop(self, timeout_s: float) -> bool:
         """Stop admitting, finish in-flight items within ``timeout_s``; True if drained."""
         self.accepting = False
-        return await self.workers.stop(timeout_s)
+        drained = await self.workers.stop(timeout_s)
+        await self.reviews.stop()  # what waits in the outbox stays on disk
+        return drained
 
     # ---------------------------------------------------------------- verdicts
 

@@ -183,6 +183,7 @@ def test_rules_keep_deployment_and_replica_labels() -> None:
         assert "by (model, task)" not in expr and "without" not in expr, name
     per_replica = {"RelmonModelErrorsHigh", "RelmonCircuitOpen", "RelmonEventsDropped"}
     per_replica |= {"RelmonEventsRejected", "RelmonSourceRestarting", "RelmonDown"}
+    per_replica |= {"RelmonReviewItemsLost"}
     for rule in alerts():
         if rule["alert"] in per_replica:
             assert process in rule["expr"], rule["alert"]

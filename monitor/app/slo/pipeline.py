@@ -1,7 +1,8 @@
 """The calibration, pipeline and scrape alerts. Calibration alerts are per deployment
 (its replicas share one calibration); process-health alerts (model calls, breaker,
-drops, rejections, source restarts, scrape health) are per replica: each relmon process
-has its own, and a sum over replicas would let healthy ones dilute a failing one."""
+drops, rejections, lost review items, source restarts, scrape health) are per replica:
+each relmon process has its own, and a sum over replicas would let healthy ones dilute a
+failing one."""
 
 from __future__ import annotations
 
@@ -144,7 +145,7 @@ def _model_calls(spec: SloSpec, lab: Labels) -> tuple[Rule, ...]:
 
 
 def _events(spec: SloSpec, lab: Labels) -> tuple[Rule, ...]:
-    p, w15m = lab.process, spec.d("15m")
+    p, r, w15m = lab.process, lab.replica, spec.d("15m")
     return (
         _alert(
             spec,
@@ -180,6 +181,17 @@ def _events(spec: SloSpec, lab: Labels) -> tuple[Rule, ...]:
             "More than 1% of incoming events could not be parsed (Kafka: sent to the "
             "dead-letter topic). A producer is probably sending a changed format.",
             for_="15m",
+        ),
+        _alert(
+            spec,
+            "RelmonReviewItemsLost",
+            f"sum by ({r}) (increase(relmon_review_outbox_dropped_total[{w15m}])) > 0",
+            "warning",
+            f"{WHO}: scored items lost on {_PROC}, its review outbox is full",
+            "The review store or topic refused writes for longer than the review outbox "
+            "holds (review.outbox_max_items): scored items were dropped and will never be "
+            "reviewed.",
+            comment="Per replica: each keeps its own outbox. Any drop fires (it should stay 0).",
         ),
     )
 

@@ -4,7 +4,8 @@ temp dir, ``fsync=off``, stopped and removed at the end. ``initdb`` refuses root
 root the cluster runs as the ``postgres`` user.
 
 bench/ stands on its own: this is the benchmarks' copy of the tests' cluster starter
-(``tests/postgres``), with only what ``store_replicas_bench.py`` needs.
+(``tests/postgres``), with what ``store_replicas_bench.py`` needs and the outages of
+``chaos.py`` (stop, ``kill -9``, start again).
 
     with running_cluster() as cluster:
         dsn = cluster.create_database("relmon_bench")
@@ -88,6 +89,57 @@ class PostgresCluster:
         self.psql(f'CREATE DATABASE "{name}"')
         return self.dsn(name)
 
+    @property
+    def data(self) -> Path:
+        return self.directory / "data"
+
+    def start_server(self) -> None:
+        """Start the server (again), once it accepts connections."""
+        start = [str(self.bin / "pg_ctl"), "-D", str(self.data), "-o", _options(self)]
+        _run([*start, "-l", str(self.directory / "log"), "-w", "start"], "pg_ctl start")
+        _wait_ready(self.bin, self.port)
+
+    def stop_server(self) -> None:
+        """Stop the server as an operator does (``pg_ctl stop -m fast``)."""
+        _run([str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "fast", "stop"], "pg_ctl stop")
+
+    def kill_server(self) -> None:
+        """``kill -9`` the postmaster and every backend (a crash, the OOM killer), and
+        wait until they are gone; the next :meth:`start_server` runs crash recovery."""
+        postmaster = int((self.data / "postmaster.pid").read_text().split()[0])
+        pids = [postmaster] + [
+            int(stat.parent.name)
+            for stat in Path("/proc").glob("[0-9]*/stat")
+            if _parent(stat) == postmaster
+        ]
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)
+        deadline = time.monotonic() + 30
+        while any(_alive(pid) for pid in pids):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"PostgreSQL processes {pids} still there 30 s after kill -9")
+            time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` still runs (a zombie nobody reaped yet does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _parent(stat: Path) -> int | None:
+    try:
+        return int(stat.read_text().rpartition(")")[2].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _options(cluster: PostgresCluster) -> str:
+    return f"-p {cluster.port} -k {cluster.directory} -c listen_addresses=127.0.0.1 -c fsync=off"
+
 
 def _wait_ready(bin_dir: Path, port: int, timeout_s: float = 60) -> None:
     deadline = time.monotonic() + timeout_s
@@ -108,12 +160,9 @@ def running_cluster() -> Iterator[PostgresCluster]:
         if os.geteuid() == 0:
             shutil.chown(directory, "postgres", "postgres")
         _run([str(bin_dir / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres"], "initdb")
-        port = benchlib.free_port()
-        options = f"-p {port} -k {directory} -c listen_addresses=127.0.0.1 -c fsync=off"
-        start = [str(bin_dir / "pg_ctl"), "-D", str(data), "-o", options]
-        _run([*start, "-l", str(directory / "log"), "-w", "start"], "pg_ctl start")
-        _wait_ready(bin_dir, port)
-        yield PostgresCluster(directory, port, bin_dir)
+        cluster = PostgresCluster(directory, benchlib.free_port(), bin_dir)
+        cluster.start_server()
+        yield cluster
     finally:
         if data.exists():
             subprocess.run(

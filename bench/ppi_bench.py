@@ -52,9 +52,12 @@ JUDGES = {  # name: (P(J=1 | Y=1), P(J=1 | Y=0))
 LEVELS = (0.6, 0.85, 0.97)
 REVIEWS = (30, 100, 300)
 ITEMS = 3000
-ISSUE_CELLS = (  # the two cells where the previous bound was measured to under-cover
+ISSUE_CELLS = (  # held-out cells measured outside the grid
+    # the previous release's bound under-covered in these two
     (0.6, "lenient, yes to all right", 2000, 40, False),
     (0.85, "lenient, yes to all right", 5000, 250, False),
+    # a random judge, reviews three times as likely where it says no: x1.13 (x1.19 held out)
+    (0.97, "random", 2000, 40, True),
 )
 
 

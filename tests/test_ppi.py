@@ -106,6 +106,12 @@ HARD_CELLS = [
     ("constant", 0.85, (1.0, 1.0), 30, False, 2000),
     ("anti-correlated", 0.6, (0.2, 0.8), 100, True, 2000),
     ("random", 0.97, (0.5, 0.5), 300, False, 3000),
+    # the cell the shared pseudo-failure's extra weight is there for: a small stratum (the
+    # judge's yes, right 89% of the time) shows no failure in its ~25 reviews in 6% of
+    # windows; bounds with less of that weight covered 0.932-0.941 in these draws
+    ("anti-correlated", 0.97, (0.2, 0.8), 300, True, 3000),
+    # a random judge, reviews three times as likely where it says no (held out)
+    ("random", 0.97, (0.5, 0.5), 40, True, 2000),
     ("good", 0.6, (0.98, 0.04), 300, False, 3000),
     ("good", 0.85, (0.98, 0.04), 100, True, 2000),
 ]

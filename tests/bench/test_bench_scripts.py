@@ -662,3 +662,65 @@ def test_report_renders_every_api_beside_nginx(tmp_path: Path) -> None:
     assert "| ×1.05 | ×2.00 |" in against_chat and "no (added p50)" in against_chat
     assert "| `anthropic.messages` 10,000 | 100 (1.00%) | 20 | 120 / 2 |" in section
     assert "--apis chat,anthropic,mixed" in section
+
+
+@pytest.mark.timeout(300)
+def test_chaos_bench_counts_a_run_without_a_fault_and_a_postgresql_stop(tmp_path: Path) -> None:
+    """``bench/chaos.py`` on short outages (a real ``relmon run``, PostgreSQL, the demo's
+    model and the reviewer): without a fault every request sent is scored, queued and
+    reviewed (the accounting adds up: nothing lost); with PostgreSQL stopped for 4 s,
+    /readyz turned 503 and named the store; section 10 is rendered from the JSON."""
+    out = tmp_path / "chaos.json"
+    result = subprocess.run(
+        [
+            sys.executable, str(BENCH / "chaos.py"),
+            "--faults", "none,pg_stop",
+            "--outage-s", "4", "--warmup-s", "3", "--tail-s", "3", "--drain-s", "20",
+            "--json", str(out),
+        ],
+        cwd=ROOT, capture_output=True, text=True, timeout=280, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+    doc = json.loads(out.read_text())
+    none, stop = doc["rows"]
+    assert (none["fault"], stop["fault"]) == ("none", "pg_stop")
+    for row in (none, stop):
+        assert row["sent"] > 10 and row["relmon_exited"] is None, row
+        assert row["lost"] == row["not_scored"] + row["scored_not_queued"], row
+        assert row["lost"] == row["sent"] - row["queued"], row
+        assert 0 <= row["applied"] <= row["acked"] <= row["queued"], row
+        assert row["log_lines_warning_or_error"] >= 0 and row["not_ready_s"] >= 0, row
+    assert none["lost"] == 0 and none["queued"] == none["scored"] == none["sent"], none
+    assert none["applied"] == none["queued"], none  # the reviewer answered every item
+    assert none["ready_s"] == 0 and none["readyz_while_not_ready"] == [], none
+    assert none["caught_up_s"] is not None and none["caught_up_s"] < 1, none  # it kept up
+    assert stop["readyz_while_not_ready"], stop
+    assert any("PostgreSQL" in reason for reason in stop["readyz_while_not_ready"]), stop
+    assert "| none (4 s) |" in result.stdout and "| pg_stop (4 s) |" in result.stdout
+    md = tmp_path / "RESULTS.md"
+    render(results=tmp_path, out=md)
+    section = md.read_text().split("## 10. Outages of the store and the broker", 1)[1]
+    assert "| pg_stop (4 s) |" in section and "chaos.py --faults none,pg_stop" in section
+
+
+def test_chaos_readiness_and_catch_up_are_read_off_the_timeline() -> None:
+    """``chaos.py``'s figures from what its pollers saw: ready after the last 503 (0 if
+    there was none, None if still 503 at the end), caught up only once relmon stays
+    caught up to the end (None while some items sent are missing at the last look)."""
+    chaos = bench_module("chaos")
+    line = chaos.Timeline()
+    line.ready = [
+        (t / 10, 503 if 10 <= t < 40 else 200, '{"reasons": ["x 12 down"]}') for t in range(60)
+    ]
+    assert chaos.ready_after(line, start=1.0, end=3.0) == (pytest.approx(1.0), ["x N down"])
+    assert chaos.ready_after(line, start=4.5, end=5.0) == (0.0, [])
+    line.ready.append((6.0, 503, "{}"))
+    assert chaos.ready_after(line, start=1.0, end=3.0)[0] is None
+    assert chaos.not_ready_s(line, start=0.0) == pytest.approx(3.0)
+    # 1 item a second; the queue holds them 1 s later from t = 15 on, never before 15
+    line.sent = [(float(t), t) for t in range(40)]
+    line.queued = [(float(t), t - 1 if t >= 15 else 3) for t in range(40)]
+    assert chaos.caught_up_after(line, end=10.0) == pytest.approx(3.0)  # moment 13: t=15
+    assert chaos.caught_up_after(line, end=20.0) == pytest.approx(0.0)
+    line.queued[-1] = (39.0, 30)  # behind at the last look: not caught up
+    assert chaos.caught_up_after(line, end=10.0) is None

@@ -4,8 +4,10 @@ A simulated OpenAI-compatible model (arithmetic with ground truth and a drift ev
 a traffic generator whose requests go through relmon's inline proxy to that model (so
 relmon sees the answer each request was served), an automatic reviewer answering
 review items from the ground truth, and the service itself, on the default ports
-(9108 metrics, 9109 review API and page, 9110 traffic), all on 127.0.0.1. A one-line
-summary prints every few seconds (the served answers' acceptable share at its end).
+(9108 metrics, 9109 review API and page, 9110 traffic), all on 127.0.0.1. The traffic
+carries a tenant header and the task segments by it, so every panel of the Grafana
+dashboard has data, the Segments row too. A one-line summary prints every few seconds
+(the served answers' acceptable share at its end).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from pathlib import Path
 
 from monitor.app.demo.model import QuestionBank, SimulatedModel
 from monitor.app.demo.reviewer import auto_review
-from monitor.app.demo.traffic import generate_traffic
+from monitor.app.demo.traffic import TENANT_HEADER, generate_traffic
 from monitor.app.runner import Running, start_service
 from monitor.config import Settings, load_settings
 
@@ -58,6 +60,8 @@ def demo_settings(
                 "reliability_target": 0.8,
                 "window_size": 1000,
                 "half_life_s": 30,
+                # the traffic's tenants (demo/traffic.py), one calibration window each
+                "segments": {"by": {"header": TENANT_HEADER}, "max": 5},
             }
         ],
         metrics={"port": metrics_port},

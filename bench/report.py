@@ -39,6 +39,8 @@ SECTIONS = (
     "kafka_ingest",
     "store_replicas",
     "ppi",
+    "chaos_before",
+    "chaos",
 )
 
 
@@ -1297,6 +1299,7 @@ def ppi(doc: dict[str, Any] | None) -> list[str]:
     extra = [r for r in rows if r["items"] != doc["items"]]
     worst = min(rows, key=lambda r: r["relmon_coverage"])
     worst_prev = min(rows, key=lambda r: r["previous_coverage"])
+    widest = max(rows, key=lambda r: r["relmon_vs_human"])
     out = [
         "## 9. Judge-assisted bound: coverage and width, any judge",
         "",
@@ -1314,8 +1317,11 @@ def ppi(doc: dict[str, Any] | None) -> list[str]:
         f"Lowest coverage over every row: relmon {worst['relmon_coverage']:.3f} "
         f"({worst['judge']}, level {worst['p']}, {worst['reviews']:.0f} reviews); previous "
         f"{worst_prev['previous_coverage']:.3f} ({worst_prev['judge']}, level "
-        f"{worst_prev['p']}, {worst_prev['reviews']:.0f} reviews). Ran in "
-        f"{doc['seconds']:.0f} s.",
+        f"{worst_prev['p']}, {worst_prev['reviews']:.0f} reviews). Widest against the "
+        f"human-only bound: relmon {_x(widest['relmon_vs_human'])} ({widest['judge']}, level "
+        f"{widest['p']}, {widest['reviews']:.0f} reviews, "
+        f"{'3× where no' if widest['unequal'] else 'equal'}; the human-only bound covers "
+        f"{widest['human_coverage']:.3f} there). Ran in {doc['seconds']:.0f} s.",
         "",
     ]
     head = [
@@ -1374,6 +1380,98 @@ def _judges(doc: dict[str, Any]) -> str:
     return "; ".join(f"{name} ({a:g}, {b:g})" for name, (a, b) in doc["judges"].items())
 
 
+CHAOS_COLUMNS = (
+    "fault",
+    "sent",
+    "scored",
+    "queued",
+    "lost (not scored + not queued)",
+    "verdicts applied / acked",
+    "ready after (s)",
+    "caught up after (s)",
+    "log lines above info",
+    "/readyz not ready: for how long, saying",
+)
+
+
+def chaos_table(rows: list[dict[str, Any]]) -> list[str]:
+    """``bench/chaos.py``'s rows as a markdown table (the script prints the same)."""
+
+    def s(v: float | None) -> str:
+        return "never" if v is None else f"{v:.1f}"
+
+    return _table(
+        list(CHAOS_COLUMNS),
+        [
+            [
+                f"{r['fault']} ({r['outage_s']:g} s)",
+                str(r["sent"]),
+                str(r["scored"]),
+                str(r["queued"]),
+                f"{r['lost']} ({r['not_scored']} + {r['scored_not_queued']})",
+                f"{r['applied']} / {r['acked']}",
+                s(r["ready_s"]),
+                s(r["caught_up_s"]),
+                str(r.get("log_lines_warning_or_error", "")),
+                _not_ready(r),
+            ]
+            for r in rows
+        ],
+    )
+
+
+def _not_ready(r: dict[str, Any]) -> str:
+    said = "; ".join(r["readyz_while_not_ready"]).replace("|", "/")
+    return f"{r['not_ready_s']:.1f} s: {said}" if said else "(stayed 200)"
+
+
+def chaos(before: dict[str, Any] | None, after: dict[str, Any] | None) -> list[str]:
+    """Section 10: ``bench/chaos.py``, the code before a change beside the code after."""
+    docs = [d for d in (before, after) if d is not None]
+    if not docs:
+        return []
+    out = [
+        "## 10. Outages of the store and the broker",
+        "",
+        "`bench/chaos.py`: one `relmon run` process per fault, every request sampled and "
+        "every scored item sent to review, the demo's simulated model, an automated reviewer "
+        "answering every item through the review API. PostgreSQL faults: mirrored traffic, "
+        "`store.backend: postgres`; the server stopped (`pg_ctl stop -m fast`) or every "
+        "process of it killed with `kill -9`, then started again. Kafka faults: traffic from "
+        "a topic on Tansu (in memory; SQLite store); the broker cut off (a relay in front of "
+        "it drops every connection and stops listening, its data kept) or rebuilt (killed; "
+        "a new empty one started after the outage, the topic recreated with one partition "
+        "more: offsets restart at 0). *sent*: requests the mirror answered 202 or events the "
+        "broker acknowledged; *queued*: review items in relmon's store; *lost*: sent − queued "
+        "(never scored + scored but never queued); *applied*: verdicts stored, of those the "
+        "review API acknowledged; *ready after*: from the end of the fault to the first "
+        "`/readyz` 200 after which it stayed 200 (0: it never left 200; never: not ready by the "
+        "end); *caught up after*: from the end of the fault until relmon keeps up again, the "
+        "first moment from which, at every later look, every item sent by then was in the "
+        "review queue 2 s later (never: some are missing for good); *log lines above info*: "
+        "relmon's warnings and errors over the whole run.",
+        "",
+    ]
+    for doc in docs:
+        m = doc["machine"]
+        out += [
+            f"**{doc['label']}** (code at {doc.get('code', 'unknown')}; ran {m['date']}, load "
+            f"average {m['loadavg'][0]:g} at the start; {doc['rate_per_s']:g} requests/s, "
+            f"{doc['warmup_s']:g} s before the fault, {doc['tail_s']:g} s of traffic after "
+            f"it; {doc['seconds']:.0f} s in all): `{doc['command']}`",
+            "",
+            *chaos_table(doc["rows"]),
+            "",
+        ]
+    if after is None:
+        out += [
+            "The code after the change: `.venv/bin/python bench/chaos.py --json "
+            "bench/results/chaos.json` (the same faults and lengths) adds its table here.",
+            "",
+        ]
+    return out
+
+
 def render(docs: dict[str, dict[str, Any]]) -> str:
     lines = [
         "# Benchmark results",
@@ -1423,6 +1521,7 @@ def render(docs: dict[str, dict[str, Any]]) -> str:
     lines += kafka_ingest(docs.get("kafka_ingest"))
     lines += store_replicas(docs.get("store_replicas"))
     lines += ppi(docs.get("ppi"))
+    lines += chaos(docs.get("chaos_before"), docs.get("chaos"))
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -9,6 +9,7 @@ import logging
 import sys
 
 import pytest
+import structlog
 
 from adapters.kafka.logs import CLIENT_LOGGERS, ClientLogThrottle, throttle_client_logs
 from monitor.app.logs import configure_logging
@@ -53,6 +54,7 @@ def test_the_line_let_through_carries_the_count_in_json(
     monkeypatch.setattr(sys, "stderr", err)
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
+    config = structlog.get_config()
     try:
         configure_logging("json")
         logger = logging.getLogger("tests.kafka_logs")
@@ -69,6 +71,7 @@ def test_the_line_let_through_carries_the_count_in_json(
             if h not in handlers:
                 root.removeHandler(h)
         root.setLevel(level)
+        structlog.configure(**config)  # later tests' lines go where they went before
     lines = [json.loads(line) for line in err.getvalue().splitlines()]
     assert [line.get("suppressed") for line in lines] == [None, 19, 19]
     assert all(line["logger"] == "tests.kafka_logs" for line in lines)

@@ -38,6 +38,7 @@ from monitor.app.validation import validate_settings
 from monitor.app.wiring import (
     ReviewBackend,
     build_otel,
+    build_outbox,
     build_review_auth,
     build_review_backend,
     build_task,
@@ -106,6 +107,8 @@ class Running:
         reasons = [] if self.started else ["starting: not every listener is up yet"]
         reasons += [] if self.service.loaded else ["calibration windows not loaded"]
         reasons += [r for r in map(self._source_down, self.sources) if r is not None]
+        outbox = self.service.reviews.outbox.problem()
+        reasons += [] if outbox is None else [outbox]
         if not self.service.accepting:
             reasons.append("stopping: no traffic is admitted")
         reasons += self._data_plane_down()
@@ -116,7 +119,10 @@ class Running:
         return reasons
 
     def _source_down(self, s: Source) -> str | None:
-        """Why ``s`` takes nothing now: stopped and being restarted, or not connected."""
+        """Why ``s`` takes nothing now: its store unreachable, stopped and being
+        restarted, or not connected."""
+        if isinstance(s, VerdictFollower) and s.unreachable is not None:
+            return f"{s.store_name} unreachable: read again every second"
         if s.source_name in self.down:
             return f"{type(s).__name__} stopped and is being restarted"
         if s.connected:
@@ -201,6 +207,7 @@ async def _start_service(
         log_prompts=settings.log_prompts,
         query_hash_key=query_hash_key(settings),
         redactor=redactor,
+        outbox=build_outbox(settings, closers),
     )
     await service.load()
     follower = _follower(backend, service, settings, metrics)
@@ -217,11 +224,10 @@ async def _start_service(
         metrics_server=None,
         review_server=None,
         traffic_server=None,
+        sources=[] if follower is None else [follower],
         closers=closers,
     )
     partial.append(running)
-    if follower is not None:
-        running.sources.append(follower)
     running.metrics_server = metrics_server = MetricsServer(
         registry,
         running.not_ready,
@@ -260,7 +266,12 @@ def _follower(
     """With a shared store: the other replicas' verdicts, from where the load stopped."""
     if backend.shared is None:
         return None
-    follower = VerdictFollower(backend.shared, service.calibration, sync_s=settings.store.sync_s)
+    follower = VerdictFollower(
+        backend.shared,
+        service.calibration,
+        sync_s=settings.store.sync_s,
+        waiting=service.reviews.outbox.counts,
+    )
     follower.start(service.calibration.loaded_through)
     metrics.init_source(follower.source_name, traffic=False)
     return follower
@@ -312,8 +323,10 @@ async def _start_review(
         review_queue=backend.kafka_queue,
         on_item=service.note_review_item,
         lag_gauge=metrics.kafka_consumer_lag,
+        offset_resets=metrics.kafka.offset_resets,
     )
     metrics.init_source(verdicts.source_name, traffic=False)
+    metrics.kafka.init(backend.kafka_store.topics)
     await verdicts.start()
     running.sources.append(verdicts)
 
@@ -361,6 +374,7 @@ async def _start_kafka_source(
     """The Kafka traffic source: paced by the budget, never dropping."""
     kafka, service = running.settings.kafka, running.service
     metrics.init_source("kafka")
+    metrics.kafka.init([kafka.traffic_topic])
     source = KafkaEventSource(
         kafka.bootstrap_servers,
         kafka.traffic_topic,
@@ -370,6 +384,7 @@ async def _start_kafka_source(
         service.reject,
         max_event_bytes=kafka.max_event_bytes,
         lag_gauge=metrics.kafka_consumer_lag,
+        offset_resets=metrics.kafka.offset_resets,
         skip=service.skip_unsampled,
         **kafka_options,
         **group_options(kafka),

@@ -21,6 +21,7 @@ import structlog
 from prometheus_client import CollectorRegistry
 
 from adapters.canon.registry import get_async_canonicalizer
+from adapters.files.outbox import open_outbox
 from adapters.kafka.review import (
     KafkaCalibrationStore,
     KafkaReviewQueue,
@@ -42,6 +43,7 @@ from monitor.core.errors import ConfigError
 from monitor.core.stopping import get_stopping_rule
 from monitor.engine.metrics import Metrics
 from monitor.engine.ports import CalibrationStore, ReviewQueue
+from monitor.engine.reviews import OutboxSettings
 from monitor.engine.runtime import TaskRuntime
 from monitor.engine.service import MonitorService
 from monitor.engine.verdicts import VerdictScorer
@@ -51,6 +53,7 @@ __all__ = [
     "ReviewBackend",
     "build_judge",
     "build_otel",
+    "build_outbox",
     "build_review_auth",
     "build_review_backend",
     "build_task",
@@ -228,6 +231,26 @@ async def build_review_backend(
         await unlock()
         raise
     return ReviewBackend(sqlite, sqlite, review_store=sqlite, closers=[unlock])
+
+
+def build_outbox(
+    settings: Settings, closers: list[Callable[[], Awaitable[None]]]
+) -> OutboxSettings:
+    """The review outbox: a directory in ``state_dir`` when it can be written (its lock's
+    release joins ``closers``), else memory (logged); named after the review queue."""
+    if settings.review.backend == "kafka":
+        name = "Kafka review topic"
+    elif settings.store.backend == "postgres":
+        name = "PostgreSQL store"
+    else:
+        name = "SQLite store"
+    opened = open_outbox(Path(settings.state_dir))
+    if isinstance(opened, str):
+        log.warning("review_outbox_in_memory", why=opened)
+        return OutboxSettings(None, settings.review.outbox_max_items, name)
+    storage, release = opened
+    closers.append(release)
+    return OutboxSettings(storage, settings.review.outbox_max_items, name)
 
 
 def lock_state_dir(state_dir: Path) -> Callable[[], Awaitable[None]]:

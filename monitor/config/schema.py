@@ -206,9 +206,13 @@ class TaskSettings(_Strict):
         return v
 
     @property
-    def generic_options(self) -> dict[str, str]:
+    def generic_options(self) -> dict[str, str | None]:
         """``GenericApi``'s options (``endpoint.api: generic``)."""
-        return {"query_path": self.query_path or "@", "answer_path": self.answer_path or "@"}
+        return {
+            "query_path": self.query_path or "@",
+            "answer_path": self.answer_path or "@",
+            "path_prefix": self.match.path_prefix,
+        }
 
     @model_validator(mode="after")
     def _k0_le_kmax(self) -> TaskSettings:
@@ -235,7 +239,9 @@ class TrafficSettings(_Strict):
     task_header: str = "X-Relmon-Task"
     max_body_bytes: int = Field(1_048_576, ge=1024)
     upstream_connect_timeout_s: float = Field(5.0, gt=0)  # proxy: opening a connection
-    upstream_read_timeout_s: float = Field(60.0, gt=0)  # proxy: no byte from the upstream
+    # proxy: no byte from the upstream while relmon reads it (not while a slow client holds it)
+    upstream_read_timeout_s: float = Field(60.0, gt=0)
+    client_send_timeout_s: float = Field(60.0, gt=0)  # a client taking no byte: cut
     upstream_pool_size: int = Field(256, ge=1)  # proxy: connections to the upstream at most
     uvloop: bool = True  # run relmon on uvloop (false: asyncio's own event loop)
     # "process": the mirror's or proxy's listener runs in a process of its own, so
@@ -321,6 +327,9 @@ class KafkaSettings(_Strict):
     """Longest time between two fetches before the member leaves the group (5 min)."""
     rebalance_timeout_ms: int | None = Field(None, ge=1)
     """How long a rebalance waits for members to rejoin (aiokafka: the session timeout)."""
+    auto_offset_reset: Literal["earliest", "latest"] = "earliest"
+    """Where the traffic consumer starts in a partition with no committed offset, or whose
+    position lies past the log end (the broker lost its data, the topic was recreated)."""
     traffic_topic: str = "llm-traffic"
     dead_letter_topic: str = "relmon-dead-letter"
     group_id: str = "relmon"
@@ -350,6 +359,9 @@ class ReviewSettings(ReviewIdentitySettings):
     max_leases_per_reviewer: int = Field(20, ge=1, le=100_000)
     """Items one reviewer may hold leased at once (every replica together); one more is
     answered 429. Everyone on the shared token counts as one reviewer."""
+    outbox_max_items: int = Field(10_000, ge=1, le=10_000_000)
+    """Scored review items kept while the review queue refuses writes (the review
+    outbox, on disk under state_dir when it is writable); past it the newest is dropped."""
 
     def resolved_token(self) -> str | None:
         """``token``, else the contents of ``token_file`` (both: validate_settings refuses)."""

@@ -28,6 +28,8 @@ from prometheus_client.registry import Collector
 from monitor.core.apis.registry import API_NAMES
 from monitor.core.ppi import PPIEstimate
 from monitor.core.window import WindowSnapshot
+from monitor.engine.kafka_metrics import KafkaMetrics
+from monitor.engine.outbox_metrics import ReviewOutboxMetrics
 from monitor.engine.segment_metrics import SegmentMetrics
 from monitor.engine.served import ServedAnswerMetrics
 
@@ -56,8 +58,9 @@ TRAFFIC_DECISIONS: Final = (
 )
 """``relmon_traffic_events_total{decision}`` values (see :data:`monitor.engine.ports.Decision`)."""
 UNMONITORED: Final = "unmonitored"
-NOT_REASKED_REASONS: Final = ("conversation", "server_tool")
-"""``relmon_not_reasked_total{reason}`` values."""
+NOT_REASKED_REASONS: Final = ("conversation", "server_tool", "unsafe_path")
+"""``relmon_not_reasked_total{reason}`` values (``unsafe_path``:
+:data:`monitor.core.apis.paths.UNSAFE_PATH`)."""
 TRAFFIC_APIS: Final = (*API_NAMES, UNMONITORED)
 """``relmon_traffic_requests_total{api}`` values: every wire API, and ``unmonitored``."""
 ITEM_OUTCOMES: Final = ("scored", "abandoned", "interrupted")
@@ -143,6 +146,7 @@ class Metrics:
         self._budget_metrics(registry)
         self._judge_metrics(registry)
         self.served = ServedAnswerMetrics(registry)
+        self.outbox = ReviewOutboxMetrics(registry)
         self.segments = SegmentMetrics(registry)
 
     def _judge_metrics(self, registry: CollectorRegistry) -> None:
@@ -379,8 +383,9 @@ class Metrics:
         )
         self.review_submit_failures = Counter(
             "relmon_review_submit_failures",
-            "Review items that could not be written to the review queue (SQLite or the Kafka "
-            "review topic) after every attempt: scored, never shown to a reviewer.",
+            "Review items whose write to the review queue (SQLite, PostgreSQL or the Kafka "
+            "review topic) failed when they were scored: kept in the review outbox and "
+            "written when the queue takes writes again.",
             mt,
             registry=registry,
         )
@@ -391,12 +396,8 @@ class Metrics:
             ("source",),
             registry=registry,
         )
-        self.kafka_consumer_lag = Gauge(
-            "relmon_kafka_consumer_lag",
-            "Records behind the log end, per topic and partition.",
-            ("topic", "partition"),
-            registry=registry,
-        )
+        self.kafka = KafkaMetrics(registry)
+        self.kafka_consumer_lag = self.kafka.consumer_lag
 
     def init_task(
         self,
@@ -438,6 +439,7 @@ class Metrics:
         self.reliability_alarm.labels(model, task)
         self.circuit_open.labels(model, task)
         self.review_submit_failures.labels(model, task)
+        self.outbox.init(model, task)
         self.served.init(model, task)
 
     def init_judge(self, model: str, task: str) -> None:

@@ -58,8 +58,8 @@ from adapters.sqlite.store import SqliteStore
 from monitor.app.demo import MODEL, TASK
 from monitor.core.review import ReviewItem
 from monitor.core.window import CalibrationWindow
-from tests.review.test_review_api import Handler, item
 from tests.ports import free_port
+from tests.review.test_review_api import Handler, item
 from tests.waiting import wait_until_sync
 
 TOKEN = "browser-test-token-7c1f"

@@ -572,6 +572,10 @@ def test_kafka_security_comes_from_the_secrets() -> None:
     kafka = yaml.safe_load(by_kind(docs, "ConfigMap")[0]["data"]["relmon.yaml"])["kafka"]
     assert kafka["security_protocol"] == "PLAINTEXT"
     assert not {"tls", "sasl", "session_timeout_ms"} & kafka.keys()
+    assert kafka["auto_offset_reset"] == "earliest"
+    docs = render({"kafka": {"enabled": True, "autoOffsetReset": "latest"}})
+    kafka = yaml.safe_load(by_kind(docs, "ConfigMap")[0]["data"]["relmon.yaml"])["kafka"]
+    assert kafka["auto_offset_reset"] == "latest"
     pod = by_kind(docs, "Deployment")[0]["spec"]["template"]["spec"]
     assert "relmon-kafka-tls" not in {v["name"] for v in pod["volumes"]}
     # TLS with the system's CAs: no Secret to mount, no file.
@@ -622,3 +626,16 @@ def test_schema_rejects_bad_kafka_security_values(kafka: dict[str, Any]) -> None
     chart = helm_python.Chart.load(CHART)
     with pytest.raises(helm_python.HelmValuesError):
         chart.validate_schema({"kafka": kafka})
+
+
+@pytest.mark.parametrize("backend", ["http", "kafka"])
+def test_review_outbox_max_items_reaches_relmon_yaml_for_every_review_backend(
+    backend: str,
+) -> None:
+    """review.outboxMaxItems arrives as review.outbox_max_items (any backend); unset, the
+    key is left to relmon's default."""
+    kafka = {"enabled": True} if backend == "kafka" else {}
+    for given, expected in ((25000, 25000), (None, None)):
+        values = {"review": {"backend": backend, "outboxMaxItems": given}, "kafka": kafka}
+        text = by_kind(render(values), "ConfigMap")[0]["data"]["relmon.yaml"]
+        assert yaml.safe_load(text)["review"].get("outbox_max_items") == expected

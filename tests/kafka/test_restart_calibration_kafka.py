@@ -26,6 +26,7 @@ from adapters.kafka.verdicts import KafkaVerdictConsumer
 from monitor.core.review import ReviewItem, verdict_score
 from monitor.engine.service import MonitorService
 from monitor.testing import ManualClock
+from tests.kafka import new_topic
 from tests.sqlite.test_restart_calibration import (
     CANDIDATES,
     MODEL,
@@ -35,7 +36,6 @@ from tests.sqlite.test_restart_calibration import (
     served_set_size,
     service,
 )
-from tests.kafka import new_topic
 from tests.waiting import wait_until
 
 

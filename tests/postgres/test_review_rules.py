@@ -21,9 +21,9 @@ from adapters.review.review_page import ReviewPage
 from monitor.core.errors import LimitError
 from monitor.core.review import Verdict
 from monitor.testing import ManualClock
+from tests.postgres import Opener
 from tests.review.test_review_api import Handler, item
 from tests.sqlite.test_sqlite_store import record
-from tests.postgres import Opener
 
 pytestmark = pytest.mark.timeout(300)
 

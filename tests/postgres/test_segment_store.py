@@ -25,8 +25,8 @@ from tests.engine.test_segments_engine import (
     _samples,
     _service,
 )
-from tests.sqlite.test_sqlite_store import item, record
 from tests.postgres import Opener, PostgresCluster
+from tests.sqlite.test_sqlite_store import item, record
 
 pytestmark = pytest.mark.timeout(300)
 

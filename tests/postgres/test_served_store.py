@@ -13,8 +13,8 @@ import pytest
 from adapters.postgres.schema import MIGRATIONS, SCHEMA_VERSION
 from adapters.postgres.store import PostgresStore
 from monitor.core.review import Verdict
-from tests.sqlite.test_sqlite_store import item, record
 from tests.postgres import Opener, PostgresCluster
+from tests.sqlite.test_sqlite_store import item, record
 
 pytestmark = pytest.mark.timeout(300)
 

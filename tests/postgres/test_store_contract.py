@@ -22,8 +22,8 @@ from adapters.postgres.store import PostgresStore
 from monitor.core.errors import ConfigError, InputError
 from monitor.core.review import Verdict
 from monitor.engine.ports import Judgement
-from tests.sqlite.test_sqlite_store import item, record
 from tests.postgres import Opener, PostgresCluster
+from tests.sqlite.test_sqlite_store import item, record
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -15,8 +15,8 @@ from adapters.postgres.store import PostgresStore
 from adapters.sqlite.store import ExportedVerdict, SqliteStore
 from monitor.app.cli import main
 from monitor.core.review import ReviewItem, Verdict
-from tests.review.test_verdicts_cli import _fill, _state
 from tests.postgres.test_app_store import _config
+from tests.review.test_verdicts_cli import _fill, _state
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(300)

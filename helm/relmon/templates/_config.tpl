@@ -4,7 +4,7 @@ timeouts.
 */}}
 {{- define "relmon.kafkaConfig" -}}
 {{- $k := .Values.kafka }}
-{{- $kafka := dict "enabled" $k.enabled "bootstrap_servers" $k.bootstrapServers "traffic_topic" $k.trafficTopic "dead_letter_topic" $k.deadLetterTopic "group_id" $k.groupId "review_topic" $k.reviewTopic "verdict_topic" $k.verdictTopic "verdict_dead_letter_topic" $k.verdictDeadLetterTopic "verdict_wait_s" $k.verdictWaitSeconds "max_event_bytes" (int $k.maxEventBytes) "security_protocol" $k.securityProtocol }}
+{{- $kafka := dict "enabled" $k.enabled "bootstrap_servers" $k.bootstrapServers "traffic_topic" $k.trafficTopic "dead_letter_topic" $k.deadLetterTopic "group_id" $k.groupId "review_topic" $k.reviewTopic "verdict_topic" $k.verdictTopic "verdict_dead_letter_topic" $k.verdictDeadLetterTopic "verdict_wait_s" $k.verdictWaitSeconds "max_event_bytes" (int $k.maxEventBytes) "security_protocol" $k.securityProtocol "auto_offset_reset" ($k.autoOffsetReset | default "earliest") }}
 {{- if include "relmon.kafkaTls" . }}
 {{- $tls := dict "check_hostname" $k.tls.checkHostname }}
 {{- if and (include "relmon.kafkaTlsMounted" .) $k.tls.caKey }}
@@ -33,6 +33,9 @@ relmon.yaml's review section: listener, backend, who the reviewer is, leases.
 {{- define "relmon.reviewConfig" -}}
 {{- $r := .Values.review }}
 {{- $review := dict "backend" $r.backend "host" (include "relmon.reviewHost" .) "port" (int .Values.ports.review) }}
+{{- if not (kindIs "invalid" $r.outboxMaxItems) }}
+{{- $_ := set $review "outbox_max_items" (int $r.outboxMaxItems) }}
+{{- end }}
 {{- if include "relmon.reviewApi" . }}
 {{- $_ := set $review "auth" $r.auth.mode }}
 {{- $_ := set $review "lease_s" $r.leaseSeconds }}
@@ -68,7 +71,7 @@ relmon.yaml: the user's config with the chart-managed keys set from the values.
 {{- if $t.upstreamUrl }}
 {{- $_ := set $traffic "upstream_url" $t.upstreamUrl }}
 {{- end }}
-{{- range $name, $field := dict "upstreamConnectTimeoutSeconds" "upstream_connect_timeout_s" "upstreamReadTimeoutSeconds" "upstream_read_timeout_s" "upstreamPoolSize" "upstream_pool_size" "uvloop" "uvloop" "dataPlane" "data_plane" "offerBatchSeconds" "offer_batch_s" }}
+{{- range $name, $field := dict "upstreamConnectTimeoutSeconds" "upstream_connect_timeout_s" "upstreamReadTimeoutSeconds" "upstream_read_timeout_s" "clientSendTimeoutSeconds" "client_send_timeout_s" "upstreamPoolSize" "upstream_pool_size" "uvloop" "uvloop" "dataPlane" "data_plane" "offerBatchSeconds" "offer_batch_s" }}
 {{- if not (kindIs "invalid" (index $t $name)) }}
 {{- $_ := set $traffic $field (index $t $name) }}
 {{- end }}

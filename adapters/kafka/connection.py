@@ -28,6 +28,7 @@ __all__ = [
     "close_clients",
     "dead_letter_headers",
     "has_live_connection",
+    "note_offset_reset",
     "past_log_end",
     "record_failed",
     "throttled_log",
@@ -210,6 +211,33 @@ def record_failed(record: Any, exc: Exception, event: str = "kafka.record_failed
 PastEnd = Callable[[Any, int, int], Awaitable[None]]
 """``on_past_end(tp, position, log_end)``: move a partition's position that lies past its
 log end back into the log (:class:`ConsumerLag`)."""
+
+
+def note_offset_reset(
+    resets: dict[Any, int],
+    metric: Any,
+    logger: Any,
+    tp: Any,
+    *,
+    position: int,
+    log_end: int,
+    reset_to: int,
+    policy: str,
+) -> None:
+    """Count (``resets`` and ``relmon_kafka_offset_resets_total``, when given) and log
+    once a position of ``tp`` moved because it lay past the partition's log end."""
+    resets[tp] = resets.get(tp, 0) + 1
+    if metric is not None:
+        metric.labels(tp.topic).inc()
+    logger.warning(
+        "kafka.offset_reset",
+        topic=tp.topic,
+        partition=tp.partition,
+        position=position,
+        log_end=log_end,
+        reset_to=reset_to,
+        policy=policy,
+    )
 
 
 async def past_log_end(consumer: Any, tp: Any, end_offset: int | None) -> tuple[int, int] | None:

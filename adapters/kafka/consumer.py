@@ -27,6 +27,7 @@ from adapters.kafka.connection import (
     close_clients,
     dead_letter_headers,
     has_live_connection,
+    note_offset_reset,
     throttled_log,
     unless_stopping,
 )
@@ -389,13 +390,11 @@ class KafkaConsumerBase(ABC):
         st.next_offset = reset_to  # committed at the next commit
         self._parts[tp] = st
         self._forget_partition(tp)
-        self.offset_resets[tp] = self.offset_resets.get(tp, 0) + 1
-        if self._offset_resets_metric is not None:
-            self._offset_resets_metric.labels(tp.topic).inc()
-        log.warning(
-            "kafka.offset_reset",
-            topic=tp.topic,
-            partition=tp.partition,
+        note_offset_reset(
+            self.offset_resets,
+            self._offset_resets_metric,
+            log,
+            tp,
             position=position,
             log_end=log_end,
             reset_to=reset_to,

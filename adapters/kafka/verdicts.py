@@ -29,6 +29,7 @@ from adapters.kafka.connection import (
     close_clients,
     dead_letter_headers,
     has_live_connection,
+    note_offset_reset,
     record_failed,
     unless_stopping,
 )
@@ -316,13 +317,11 @@ class KafkaVerdictConsumer:
         none is applied twice."""
         await self._consumer.seek_to_beginning(tp)
         self._next[tp] = reset_to = await self._consumer.position(tp)
-        self.offset_resets[tp] = self.offset_resets.get(tp, 0) + 1
-        if self._offset_resets_metric is not None:
-            self._offset_resets_metric.labels(tp.topic).inc()
-        log.warning(
-            "kafka.offset_reset",
-            topic=tp.topic,
-            partition=tp.partition,
+        note_offset_reset(
+            self.offset_resets,
+            self._offset_resets_metric,
+            log,
+            tp,
             position=position,
             log_end=log_end,
             reset_to=reset_to,

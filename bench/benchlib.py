@@ -95,7 +95,7 @@ def machine() -> dict[str, Any]:
         mem_gb = round(int(m.group(1)) / 1024 / 1024, 1) if m else None
     except OSError:
         pass
-    commit = _commit()
+    commit = commit_of()
     return {
         "commit": commit,
         "cpu": cpu,
@@ -108,12 +108,13 @@ def machine() -> dict[str, Any]:
     }
 
 
-def _commit() -> str:
-    """HEAD's short hash, ``-dirty`` if tracked files other than the results changed."""
+def commit_of(tree: Path = ROOT) -> str:
+    """``tree``'s HEAD, short, ``-dirty`` if tracked files other than the results changed;
+    ``unknown`` when it is no git checkout."""
     try:
         head = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"],
-            cwd=ROOT,
+            cwd=tree,
             capture_output=True,
             text=True,
             timeout=10,
@@ -130,7 +131,7 @@ def _commit() -> str:
                 ":!bench/results",
                 ":!bench/RESULTS.md",
             ],
-            cwd=ROOT,
+            cwd=tree,
             capture_output=True,
             text=True,
             timeout=10,

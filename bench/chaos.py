@@ -752,7 +752,7 @@ def main() -> None:
         "command": shlex.join([".venv/bin/python", "bench/chaos.py", *sys.argv[1:]]),
         "repo": str(args.repo),
         "label": args.label or ("this code" if args.repo == benchlib.ROOT else args.repo.name),
-        "code": _commit(args.repo),
+        "code": benchlib.commit_of(args.repo),
         "rate_per_s": args.rate,
         "outage_s": args.outage_s,
         "warmup_s": args.warmup_s,
@@ -765,28 +765,6 @@ def main() -> None:
     print("\n".join(chaos_table(doc["rows"])))
     if args.json is not None:
         benchlib.write_json(doc, args.json)
-
-
-def _commit(tree: Path) -> str:
-    """``tree``'s HEAD, ``-dirty`` if it has changes."""
-    try:
-        head = subprocess.run(
-            ["git", "-C", str(tree), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(tree), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return head + ("-dirty" if dirty else "")
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ COMPILED = [
     "adapters/model/transport.py",
     "adapters/traffic/exchange.py",
     "adapters/traffic/proxy.py",
+    "adapters/traffic/routing.py",
     "adapters/traffic/proxy_metrics.py",
     "adapters/traffic/intake.py",
     "monitor/engine/routing.py",

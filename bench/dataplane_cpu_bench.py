@@ -91,7 +91,7 @@ def relmon_step(request_bytes: bytes) -> Step:
     """One request through relmon's data plane (``relmon run``'s fast path, 1% sampled)."""
     server = fast_path_server("http://127.0.0.1:9")
     handler, fast = server._handler()  # the listener's own, without a socket
-    pool = server._pool
+    pool = server._pools[0]
     assert pool is not None
     upstream = UpstreamConnection(pool)
     upstream.connection_made(CountingTransport())  # type: ignore[arg-type]

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Final
 
 from adapters.traffic.intake import HeaderView, Intake
-from adapters.traffic.proxy_metrics import ProxyMetrics
+from adapters.traffic.proxy_metrics import RouteMetrics
 from adapters.traffic.request import HOP_BY_HOP, NOT_FORWARDED, HeaderKinds, Request, decimal
 from adapters.traffic.wire import ServerConnection, error_response, http_date
 from adapters.upstream.pool import Exchange, UpstreamConnection, UpstreamPool
@@ -58,7 +58,7 @@ class Forwarding:
         host_header: bytes,
         read_timeout_s: float,
         max_body: int,
-        metrics: ProxyMetrics,
+        metrics: RouteMetrics,
     ) -> None:
         self.pool = pool
         self.prefix = prefix

@@ -14,6 +14,9 @@ cannot keep up, and that time is not the upstream's: its read timeout runs only 
 relmon reads it. A client that takes no byte for the send timeout is cut
 (:class:`~adapters.traffic.wire.ServerConnection`).
 
+Each request goes to the upstream of the first route that matches it
+(:class:`~adapters.traffic.routing.Routes`); when none does and there is no default
+upstream, relmon answers 404 (counted in ``relmon_proxy_unrouted_requests_total``).
 Upstream unreachable: 502; no bytes from the upstream for the read timeout: 504 (or,
 once the answer began, the client connection is cut so the truncation shows). A reused
 connection the upstream had closed is retried once on a new one when the request body
@@ -34,9 +37,11 @@ from collections.abc import Awaitable
 
 import structlog
 
-from adapters.traffic.exchange import ExchangeGuard, Forwarding, ProxyExchange
+from adapters.traffic.exchange import ExchangeGuard, ProxyExchange
 from adapters.traffic.intake import HeaderView, Intake, event_key
+from adapters.traffic.proxy_metrics import ProxyMetrics
 from adapters.traffic.request import Request, read_prefix
+from adapters.traffic.routing import Routes
 from adapters.traffic.wire import ServerConnection, error_response
 from monitor.core.failures import internal_error, raised_at
 
@@ -115,17 +120,18 @@ class Proxy:
     """The proxy's request handler (see the module), guarded: whatever one request
     raises is logged, counted once (an event) and answered 500, or cuts the answer."""
 
-    def __init__(self, fwd: Forwarding, intake: Intake) -> None:
-        self.fwd = fwd
+    def __init__(self, routes: Routes, intake: Intake, metrics: ProxyMetrics) -> None:
+        self.routes = routes
         self.intake = intake
+        self.metrics = metrics
 
     def fast(self, req: Request, client: ServerConnection) -> bool:
         """The fast path (:data:`~adapters.traffic.wire.FastHandler`): a request whose whole
         body is here (within ``max_body_bytes``, no ``Expect``) goes out at once on an idle
         pooled connection, and the answer's callbacks finish it (:meth:`_fast_end`): no
         task, no future. False, for :meth:`handle`, when no connection is idle."""
-        fwd = self.fwd
-        if req.expect is not None or req.body.size > fwd.max_body:
+        fwd = self.routes.pick(req.target)
+        if fwd is None or req.expect is not None or req.body.size > fwd.max_body:
             return False
         body = req.body.whole()  # None: the client left
         if body is None:
@@ -190,25 +196,37 @@ class Proxy:
             client.write(error_response(500, "Internal Server Error", message))
 
     async def _handle(self, req: Request, client: ServerConnection, guard: ExchangeGuard) -> None:
+        fwd = self.routes.pick(req.target)
+        if fwd is None:
+            self._unrouted(req, client, guard)
+            return
         if not expect_answered(req, client):
             return
         body, complete = b"", True
         if req.has_body:
-            whole = req.body.whole() if req.body.size <= self.fwd.max_body else None
+            whole = req.body.whole() if req.body.size <= fwd.max_body else None
             if whole is not None:  # the usual case: all of it came with the head
                 body = whole
             else:
                 try:
-                    body, complete = await read_prefix(req.body, self.fwd.max_body)
+                    body, complete = await read_prefix(req.body, fwd.max_body)
                 except ConnectionError:
                     guard.count("truncated body")
                     return
                 if not complete:
                     guard.count("oversize")
-        exchange = ProxyExchange(req, client, self.fwd, guard)
+        exchange = ProxyExchange(req, client, fwd, guard)
         exchange.sample = guard.event and complete
         exchange.body = body
         await self._relay(exchange, complete)
+
+    def _unrouted(self, req: Request, client: ServerConnection, guard: ExchangeGuard) -> None:
+        """No route takes the request and there is no default upstream: 404, counted."""
+        self.metrics.unrouted()
+        guard.count("no route")
+        req.keep_alive = False  # its body, if any, is never read
+        message = "relmon: no entry of traffic.routes takes this path, and no upstream_url"
+        client.write(error_response(404, "Not Found", message, close=True))
 
     async def _relay(self, exchange: ProxyExchange, complete: bool, *, retry: bool = False) -> None:
         """Forward and relay (``retry``: only the second attempt), then offer the event."""

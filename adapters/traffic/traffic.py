@@ -46,7 +46,8 @@ from adapters.traffic.intake import (
 from adapters.traffic.messages import HOP_BY_HOP_HEADERS, json_response_text, sse_response_text
 from adapters.traffic.mirror import Mirror
 from adapters.traffic.proxy import Proxy, is_chat_completions_path
-from adapters.traffic.proxy_metrics import ProxyMetrics
+from adapters.traffic.proxy_metrics import DEFAULT_ROUTE, ProxyMetrics
+from adapters.traffic.routing import Routes, RouteSpec
 from adapters.traffic.wire import FastHandler, Handler, ServerConnection
 from adapters.upstream.pool import UpstreamPool
 from monitor.core.apis.base import WireApi
@@ -96,6 +97,14 @@ def header_task_resolver(
     return resolve
 
 
+def _check_upstreams(default: URL | None, routes: Sequence[RouteSpec]) -> None:
+    for url in [default, *(URL(r.upstream_url) for r in routes)]:
+        if url is not None and (url.scheme not in ("http", "https") or not url.host):
+            raise ConfigError(f"not an http(s) upstream URL: {url}")
+    if default is None and not routes:
+        raise ConfigError("proxy mode needs an http(s) upstream_url or routes")
+
+
 class TrafficServer:
     """The mirror or proxy endpoint. ``await start()``, ``await stop()``.
 
@@ -121,6 +130,7 @@ class TrafficServer:
         port: int,
         host: str = "127.0.0.1",
         upstream_url: str | None = None,
+        routes: Sequence[RouteSpec] = (),
         max_body_bytes: int = 1_048_576,
         upstream_timeout_s: float = 60.0,
         upstream_connect_timeout_s: float = 5.0,
@@ -138,9 +148,10 @@ class TrafficServer:
     ) -> None:
         if mode not in ("mirror", "proxy"):
             raise ConfigError(f"traffic mode must be 'mirror' or 'proxy', not {mode!r}")
-        self._url = URL(upstream_url or "")
-        if mode == "proxy" and (self._url.scheme not in ("http", "https") or not self._url.host):
-            raise ConfigError("proxy mode needs an http(s) upstream_url")
+        self._url = URL(upstream_url) if upstream_url else None
+        self._routes = list(routes)
+        if mode == "proxy":
+            _check_upstreams(self._url, self._routes)
         if (
             min(
                 max_body_bytes,
@@ -180,7 +191,7 @@ class TrafficServer:
         self._shutdown_timeout = shutdown_timeout_s
         self._metrics = metrics if metrics is not None else ProxyMetrics()
         self._server: asyncio.Server | None = None
-        self._pool: UpstreamPool | None = None
+        self._pools: list[UpstreamPool] = []
         self._connections: set[ServerConnection] = set()
         self._bound_port: int | None = None
 
@@ -198,28 +209,38 @@ class TrafficServer:
     def _handler(self) -> tuple[Handler, FastHandler | None]:
         if self._mode == "mirror":
             return Mirror(self._intake, self._max_body).handle, None
-        url = self._url
+        entries = [(r, self._forwarding(r)) for r in self._routes]
+        default = None
+        if self._url is not None:
+            default = self._forwarding(RouteSpec(DEFAULT_ROUTE, str(self._url)))
+        routes = Routes(entries, default, self._max_body)
+        proxy = Proxy(routes, self._intake, self._metrics)
+        return proxy.handle, proxy.fast
+
+    def _forwarding(self, route: RouteSpec) -> Forwarding:
+        """A route's upstream: its own pool, ``Host`` and metrics."""
+        url = URL(route.upstream_url)
         assert url.host is not None
         default_port = url.port == {"http": 80, "https": 443}[url.scheme]
         host = url.host if default_port else f"{url.host}:{url.port}"
-        self._pool = UpstreamPool(
+        read_timeout = route.read_timeout_s or self._read_timeout
+        pool = UpstreamPool(
             url.host,
             url.port or 80,
             tls=url.scheme == "https",
-            connect_timeout_s=self._connect_timeout,
-            read_timeout_s=self._read_timeout,
-            max_connections=self._max_connections,
+            connect_timeout_s=route.connect_timeout_s or self._connect_timeout,
+            read_timeout_s=read_timeout,
+            max_connections=route.pool_size or self._max_connections,
         )
-        fwd = Forwarding(
-            self._pool,
+        self._pools.append(pool)
+        return Forwarding(
+            pool,
             prefix=url.raw_path.rstrip("/").encode(),
             host_header=host.encode("idna"),
-            read_timeout_s=self._read_timeout,
+            read_timeout_s=read_timeout,
             max_body=self._max_body,
-            metrics=self._metrics,
+            metrics=self._metrics.route(route.label),
         )
-        proxy = Proxy(fwd, self._intake)
-        return proxy.handle, proxy.fast
 
     async def start(self) -> None:
         """Listen; :class:`ConfigError` if the address cannot be bound."""
@@ -293,6 +314,6 @@ class TrafficServer:
         self._bound_port = None
 
     def _close_pool(self) -> None:
-        pool, self._pool = self._pool, None
-        if pool is not None:
+        pools, self._pools = self._pools, []
+        for pool in pools:
             pool.close()

@@ -18,10 +18,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import uvloop
+from prometheus_client import CollectorRegistry
 
 from adapters.traffic.dataplane import API_KEY, DataPlaneProcess, Relay, serve_child
 from adapters.traffic.intake import HeaderView, Intake
-from adapters.traffic.proxy_metrics import ProxyMetrics
+from adapters.traffic.proxy_metrics import DEFAULT_ROUTE, ProxyMetrics
+from adapters.traffic.routing import RouteSpec
 from adapters.traffic.traffic import LISTEN_BACKLOG, TrafficServer
 from monitor.app.logs import configure_logging
 from monitor.config import Settings
@@ -79,6 +81,7 @@ def listener_options(settings: Settings) -> dict[str, Any]:
         "host": traffic.host,
         "port": traffic.port,
         "upstream_url": traffic.upstream_url,
+        "routes": route_specs(settings),
         "max_body_bytes": traffic.max_body_bytes,
         "upstream_timeout_s": traffic.upstream_read_timeout_s,
         "upstream_connect_timeout_s": traffic.upstream_connect_timeout_s,
@@ -89,6 +92,30 @@ def listener_options(settings: Settings) -> dict[str, Any]:
         "max_sampling_rate": max((t.sampling_rate for t in settings.tasks), default=0.0),
         "generic_apis": generic_apis(settings),
     }
+
+
+def route_specs(settings: Settings) -> list[RouteSpec]:
+    """``traffic.routes`` as the proxy takes them, in order."""
+    return [
+        RouteSpec(
+            label,
+            r.upstream_url,
+            api=r.match.api,
+            path_prefix=r.match.path_prefix,
+            connect_timeout_s=r.upstream_connect_timeout_s,
+            read_timeout_s=r.upstream_read_timeout_s,
+            pool_size=r.upstream_pool_size,
+        )
+        for label, r in zip(settings.traffic.route_labels(), settings.traffic.routes, strict=True)
+    ]
+
+
+def proxy_metrics(settings: Settings, registry: CollectorRegistry) -> ProxyMetrics:
+    """The proxy's metrics, every route's label exported from the start."""
+    labels = settings.traffic.route_labels()
+    if settings.traffic.upstream_url:
+        labels.append(DEFAULT_ROUTE)
+    return ProxyMetrics(registry, routes=labels)
 
 
 def generic_apis(settings: Settings) -> list[tuple[str, WireApi]]:

@@ -30,7 +30,6 @@ from adapters.kafka.verdicts import KafkaVerdictConsumer
 from adapters.review.review import ReviewServer
 from adapters.review.review_page import ReviewPage
 from adapters.traffic.dataplane import DataPlaneProcess
-from adapters.traffic.proxy_metrics import ProxyMetrics
 from adapters.traffic.traffic import TrafficServer
 from monitor.app import dataplane
 from monitor.app.supervision import supervise
@@ -338,7 +337,9 @@ async def _start_traffic(running: Running, metrics: Metrics) -> None:
         return
     metrics.init_source(settings.traffic.mode)
     header, traffic = settings.traffic.task_header, settings.traffic
-    proxy_metrics = ProxyMetrics(running.registry) if traffic.mode == "proxy" else None
+    proxy_metrics = (
+        dataplane.proxy_metrics(settings, running.registry) if traffic.mode == "proxy" else None
+    )
     if traffic.data_plane == "process":
         bound: list[socket.socket] = []
 

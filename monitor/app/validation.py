@@ -15,6 +15,7 @@ from pathlib import Path
 from adapters.canon.registry import check_canonicalizer
 from adapters.kafka.clients import build_ssl_context
 from monitor.app.api_checks import api_problems
+from monitor.app.route_checks import route_problems
 from monitor.config.messages import task_label
 from monitor.config.schema import (
     MAX_RETRIES_PER_OUTCOME,
@@ -389,6 +390,8 @@ def validate_settings(settings: Settings, *, review_token: str | None = None) ->
     if settings.kafka.enabled:
         kafka_problems, kafka_warnings = _kafka_problems(settings.kafka)
         problems += kafka_problems
+    route_troubles, route_warnings = route_problems(settings)
+    problems += route_troubles
     problems += _secret_problems(settings, review_token)
     problems += _store_problems(settings)
     if settings.otel.enabled:
@@ -398,7 +401,12 @@ def validate_settings(settings: Settings, *, review_token: str | None = None) ->
             problems.append(str(exc))
     if problems:
         raise ConfigError("\n".join(f"{settings._source}: {p}" for p in problems))
-    warnings = [*kafka_warnings, *budget_warnings(settings), *_data_plane_warnings(settings)]
+    warnings = [
+        *kafka_warnings,
+        *route_warnings,
+        *budget_warnings(settings),
+        *_data_plane_warnings(settings),
+    ]
     return [f"{settings._source}: {w}" for w in warnings]
 
 

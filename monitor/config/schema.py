@@ -19,7 +19,6 @@ import os
 import re
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
@@ -37,7 +36,6 @@ from monitor.config.endpoint import (
     CircuitBreakerSettings,
     EndpointSettings,
     RetrySettings,
-    _http_url,
 )
 from monitor.config.identity import ReviewIdentitySettings
 from monitor.config.judge import JudgeSettings
@@ -45,6 +43,7 @@ from monitor.config.otel import OtelSettings
 from monitor.config.secrets import read_secret
 from monitor.config.sources import YAML_DATA, IndexedEnvSource, YamlSource
 from monitor.config.store import StoreSettings
+from monitor.config.traffic import RouteMatch, RouteSettings, TrafficSettings
 from monitor.core.apis.registry import API_NAMES
 from monitor.core.errors import ConfigError
 from monitor.core.redaction import BUILTIN_RULES, Redactor
@@ -68,6 +67,8 @@ __all__ = [
     "RetrySettings",
     "ReviewIdentitySettings",
     "ReviewSettings",
+    "RouteMatch",
+    "RouteSettings",
     "Settings",
     "TaskSettings",
     "TrafficSettings",
@@ -229,55 +230,6 @@ class TaskSettings(_Strict):
 class ListenSettings(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(ge=0, le=65535)
-
-
-class TrafficSettings(_Strict):
-    mode: Literal["mirror", "proxy", "off"] = "mirror"
-    host: str = "127.0.0.1"
-    port: int = Field(9110, ge=0, le=65535)
-    upstream_url: str | None = None
-    task_header: str = "X-Relmon-Task"
-    max_body_bytes: int = Field(1_048_576, ge=1024)
-    upstream_connect_timeout_s: float = Field(5.0, gt=0)  # proxy: opening a connection
-    # proxy: no byte from the upstream while relmon reads it (not while a slow client holds it)
-    upstream_read_timeout_s: float = Field(60.0, gt=0)
-    client_send_timeout_s: float = Field(60.0, gt=0)  # a client taking no byte: cut
-    upstream_pool_size: int = Field(256, ge=1)  # proxy: connections to the upstream at most
-    uvloop: bool = True  # run relmon on uvloop (false: asyncio's own event loop)
-    # "process": the mirror's or proxy's listener runs in a process of its own, so
-    # relmon's own work never delays a live request (docs/deploy.md); "inline": one process
-    data_plane: Literal["inline", "process"] = "inline"
-    # The requests that may be sampled (1 in 100 at 1%) are parsed and offered together,
-    # at most this long after the first (0: each at once, in the middle of live requests)
-    offer_batch_s: float = Field(0.05, ge=0, le=1)
-
-    @field_validator("mode", mode="before")
-    @classmethod
-    def _yaml_off(cls, v: Any) -> Any:
-        return "off" if v is False else v  # YAML 1.1 reads a bare `off` as false
-
-    @field_validator("upstream_url")
-    @classmethod
-    def _upstream_scheme(cls, v: str | None) -> str | None:
-        v = _http_url(v)
-        parts = urlsplit(v) if v is not None else None
-        if parts is not None and (parts.path.rstrip("/") or parts.query or parts.fragment):
-            # A path would be joined in front of every request's own path: a client that
-            # calls relmon at .../v1/chat/completions would reach /v1/v1/... upstream.
-            extra = v[len(f"{parts.scheme}://{parts.netloc}") :]  # type: ignore[index]
-            raise ValueError(
-                f"give the upstream's origin only (scheme, host, port), without {extra!r}: "
-                "the proxy forwards each request's own path and query unchanged, so a "
-                "client calling relmon at .../v1/chat/completions reaches the upstream at "
-                ".../v1/chat/completions"
-            )
-        return v
-
-    @model_validator(mode="after")
-    def _proxy_needs_upstream(self) -> TrafficSettings:
-        if self.mode == "proxy" and not self.upstream_url:
-            raise ValueError("mode 'proxy' needs traffic.upstream_url")
-        return self
 
 
 class KafkaTlsSettings(_Strict):

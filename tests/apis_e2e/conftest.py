@@ -124,12 +124,12 @@ async def relmon(
     **traffic_extra: Any,
 ) -> AsyncIterator[Relmon]:
     """relmon (``mode``: proxy or mirror) with ``tasks`` (default: one per standard API);
-    ``traffic_extra``: more ``traffic`` keys (``data_plane="process"``)."""
+    ``traffic_extra``: more ``traffic`` keys (``data_plane="process"``; None drops one)."""
     port = free_port()
     traffic: dict[str, Any] = {"mode": mode, "port": port, "offer_batch_s": 0, "uvloop": False}
-    traffic |= traffic_extra
     if mode == "proxy":
         traffic["upstream_url"] = up.url
+    traffic = {k: v for k, v in (traffic | traffic_extra).items() if v is not None}
     state = tmp_path / "state"
     config = {
         "tasks": tasks if tasks is not None else [api_task(name, up) for name in APIS],

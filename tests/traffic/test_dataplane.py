@@ -59,31 +59,47 @@ def samples(registry: CollectorRegistry) -> dict[tuple[str, tuple[Any, ...]], fl
 
 
 latencies = st.lists(st.floats(min_value=0.0, max_value=0.5), max_size=30)
+ROUTES = ("0", "anthropic", "default")
+routes = st.sampled_from(ROUTES)
 
 
 @settings(max_examples=50, deadline=None)
 @given(
-    answered=st.lists(st.tuples(st.sampled_from([200, 204, 302, 404, 503]), latencies), max_size=5),
-    failed=st.lists(st.sampled_from(FAILURE_REASONS), max_size=20),
+    answered=st.lists(
+        st.tuples(st.sampled_from([200, 204, 302, 404, 503]), latencies, routes), max_size=5
+    ),
+    failed=st.lists(st.tuples(st.sampled_from(FAILURE_REASONS), routes), max_size=20),
+    other=st.lists(st.sampled_from(["client", "unrouted"]), max_size=5),
     takes=st.integers(min_value=1, max_value=4),
 )
 def test_counts_taken_in_one_process_and_merged_in_another_read_the_same(
-    answered: list[tuple[int, list[float]]], failed: list[str], takes: int
+    answered: list[tuple[int, list[float], str]],
+    failed: list[tuple[str, str]],
+    other: list[str],
+    takes: int,
 ) -> None:
     """What a child counts, taken in several batches and merged in the main process,
-    is exported exactly as if the main process had counted it itself."""
+    is exported exactly as if the main process had counted it itself, route by route."""
     child, main_registry = ProxyMetrics(), CollectorRegistry()
-    merged = ProxyMetrics(main_registry)
+    merged = ProxyMetrics(main_registry, routes=ROUTES)
     reference_registry = CollectorRegistry()
-    reference = ProxyMetrics(reference_registry)
-    events = [("a", s, x) for s, xs in answered for x in xs] + [("f", r, 0.0) for r in failed]
+    reference = ProxyMetrics(reference_registry, routes=ROUTES)
+    events = [
+        *(("a", s, x, route) for s, xs, route in answered for x in xs),
+        *(("f", reason, 0.0, route) for reason, route in failed),
+        *((kind, "", 0.0, "") for kind in other),
+    ]
     batch = max(1, len(events) // takes)
-    for i, (kind, what, added) in enumerate(events):
+    for i, (kind, what, added, route) in enumerate(events):
         for m in (child, reference):
             if kind == "a":
-                m.answered(cast(int, what), added)
+                m.route(route).answered(cast(int, what), added)
+            elif kind == "f":
+                m.route(route).failed(cast(str, what))
+            elif kind == "client":
+                m.client_send_timeout()
             else:
-                m.failed(cast(str, what))
+                m.unrouted()
         if (i + 1) % batch == 0:
             counts = child.take()
             assert counts is not None
@@ -94,7 +110,7 @@ def test_counts_taken_in_one_process_and_merged_in_another_read_the_same(
     assert child.take() is None  # all handed over: nothing counted twice
     # Counts exactly; the latency sum up to rounding (added in another grouping).
     assert samples(main_registry) == pytest.approx(samples(reference_registry), rel=1e-12)
-    assert len(ADDED_LATENCY_BUCKETS) + 1 == len(merged._buckets)
+    assert len(ADDED_LATENCY_BUCKETS) + 1 == len(merged.route("default").buckets)
 
 
 @settings(max_examples=300, deadline=None)

@@ -243,9 +243,18 @@ async def test_502_504_and_the_failure_metrics(
     status, _, body = await exchange(down.bound_port, get("/x"))
     assert status == 502 and "unreachable" in json.loads(body)["error"]["message"]
     assert (
-        sample(down_registry, "relmon_proxy_upstream_failures_total", reason="connect_error") == 1
+        sample(
+            down_registry,
+            "relmon_proxy_upstream_failures_total",
+            route="default",
+            reason="connect_error",
+        )
+        == 1
     )
-    assert sample(registry, "relmon_proxy_upstream_failures_total", reason="timeout") == 1
+    assert (
+        sample(registry, "relmon_proxy_upstream_failures_total", route="default", reason="timeout")
+        == 1
+    )
 
 
 async def test_status_classes_and_added_latency_are_counted(
@@ -255,12 +264,12 @@ async def test_status_classes_and_added_latency_are_counted(
     for target in ("/echo/a", "/echo/b", "/redirect", "/status", "/broken"):
         await exchange(server.bound_port, get(target))
     counts = {
-        c: sample(registry, "relmon_proxy_requests_total", status_class=c)
+        c: sample(registry, "relmon_proxy_requests_total", route="default", status_class=c)
         for c in ("2xx", "3xx", "4xx", "5xx")
     }
     assert counts == {"2xx": 2, "3xx": 1, "4xx": 1, "5xx": 1}
-    assert sample(registry, "relmon_proxy_added_latency_seconds_count") == 5
-    assert 0 < sample(registry, "relmon_proxy_added_latency_seconds_sum") < 5
+    assert sample(registry, "relmon_proxy_added_latency_seconds_count", route="default") == 5
+    assert 0 < sample(registry, "relmon_proxy_added_latency_seconds_sum", route="default") < 5
 
 
 def test_added_latency_is_timed_finer_than_uvloops_millisecond_clock() -> None:
@@ -289,8 +298,8 @@ def test_added_latency_is_timed_finer_than_uvloops_millisecond_clock() -> None:
             await server.stop()
             await upstream.stop()
         return (
-            sample(registry, "relmon_proxy_added_latency_seconds_count"),
-            sample(registry, "relmon_proxy_added_latency_seconds_sum"),
+            sample(registry, "relmon_proxy_added_latency_seconds_count", route="default"),
+            sample(registry, "relmon_proxy_added_latency_seconds_sum", route="default"),
         )
 
     count, total = uvloop.run(proxy_twenty())
@@ -462,7 +471,9 @@ async def test_a_request_whose_body_came_with_its_head_is_carried_without_a_task
     handler_tasks = [name for name in created if name.startswith(("ServerConnection", "Proxy"))]
     assert handler_tasks == []  # all 20 from the protocol callbacks alone
     assert raw_upstream.connections == 1
-    assert sample(registry, "relmon_proxy_requests_total", status_class="2xx") == 21
+    assert (
+        sample(registry, "relmon_proxy_requests_total", route="default", status_class="2xx") == 21
+    )
 
 
 async def test_a_pipelined_request_whose_body_is_still_coming_follows_a_fast_one(

@@ -159,7 +159,7 @@ class Proxied:
 
     def upstream_failures(self) -> dict[str, float]:
         name = "relmon_proxy_upstream_failures_total"
-        return {r: n for r in FAILURE_REASONS if (n := self.count(name, reason=r))}
+        return {r: n for r in FAILURE_REASONS if (n := self.count(name, route="default", reason=r))}
 
     def client_timeouts(self) -> float:
         return self.count("relmon_proxy_client_send_timeouts_total")

@@ -183,7 +183,7 @@ async def test_a_bug_while_sending_upstream_closes_the_connection_it_took(
     pool whose every connection leaked would make every later request wait."""
     server = await start_traffic("proxy", Recorder(), upstream_url=upstream.url + "/echo")
     url = f"http://127.0.0.1:{server.bound_port}/v1/chat/completions"
-    pool = server._pool
+    pool = server._pools[0]
     assert pool is not None
 
     def broken(*args: object) -> None:

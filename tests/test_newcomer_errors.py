@@ -136,7 +136,9 @@ def test_check_config_probe_says_what_each_endpoint_answered(
     lines = [line for line in err.splitlines() if line.startswith("relmon: probe: ")]
     assert status == 2, err
     assert len(lines) == 2, err
-    assert f"tasks[0] (t0).endpoint: ok: {model}/chat/completions (model m)" in lines[0]
+    assert (
+        f"tasks[0] (t0).endpoint: ok: {model}/chat/completions (openai.chat, model m)" in lines[0]
+    )
     assert "tasks[1] (t1).endpoint: FAILED" in lines[1] and "HTTP 404" in lines[1]
     assert "sk-secret" not in err
 

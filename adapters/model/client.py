@@ -86,7 +86,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final, Literal, get_args
 from urllib.parse import urlsplit, urlunsplit
 
-from adapters.model.calls import ApiCall, Call, ChatCall
+from adapters.model.calls import ApiCall, Call, ChatCall, not_found_hint
 from adapters.model.limits import CircuitBreaker, TokenBucket
 from adapters.model.transport import ModelTransport, TransportError, host_and_port
 from adapters.model.wire import (
@@ -399,13 +399,13 @@ class HttpModelClient:
             message = f"invalid response: {exc}" if outcome == "invalid_response" else str(exc)
             raise _CallError(outcome, message) from None
         if not 200 <= status < 300:
-            raise self._status_failure(status, retry_after)
+            raise self._status_failure(status, retry_after, how)
         try:
             return how.parse(raw)
         except InputError as exc:
             raise _CallError("invalid_response", f"invalid response: {exc}") from None
 
-    def _status_failure(self, status: int, retry_after_header: str | None) -> _CallError:
+    def _status_failure(self, status: int, retry_after_header: str | None, how: Call) -> _CallError:
         if status in (429, 503):
             retry_after = parse_retry_after(retry_after_header, self._clock.time())
         else:
@@ -420,12 +420,7 @@ class HttpModelClient:
             )
         if status in (404, 405):
             return _CallError(
-                "client_error",
-                f"HTTP {status}: nothing answers that API there; check endpoint.base_url "
-                "and endpoint.api (relmon posts chat completions to base_url + "
-                "/chat/completions, where most servers want base_url to end in /v1; "
-                "Anthropic's and Gemini's base URLs carry no version: docs/apis/)",
-                status=status,
+                "client_error", f"HTTP {status}: {not_found_hint(how)}", status=status
             )
         return _CallError("client_error", f"HTTP {status}", status=status)
 

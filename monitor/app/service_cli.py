@@ -82,6 +82,7 @@ def _demo(args: argparse.Namespace) -> int:
             metrics_port=args.metrics_port,
             review_port=args.review_port,
             traffic_port=args.traffic_port,
+            model_port=args.model_port,
         )
     )
 
@@ -115,14 +116,16 @@ def add_service_parsers(sub: Any) -> None:
         "listener's port is free, without creating a file; print the effective settings as "
         "JSON with secrets masked. Problems: one line each naming the field, exit status 2. "
         "Warnings (the budget cannot fit tasks' expected_events_per_s): on stderr, exit "
-        "status 0. With --probe, also send one small request to each task's endpoint and "
-        "say what came back (exit status 2 if one failed).",
+        "status 0. With --probe, also send one small request to each task's endpoint, in "
+        "the task's wire API as a re-ask goes, and say what came back (exit status 2 if one "
+        "failed).",
     )
     check.add_argument("--config", type=Path, help="YAML settings file")
     check.add_argument(
         "--probe",
         action="store_true",
-        help="send one small request to each task's model endpoint and report the answer",
+        help="send one small request to each task's model endpoint, in its wire API, and "
+        "report the answer",
     )
     check.set_defaults(handler=_check_config)
 
@@ -132,7 +135,7 @@ def add_service_parsers(sub: Any) -> None:
     demo.add_argument("--state-dir", type=Path, help="keep state here (survives restarts)")
     demo.add_argument("--no-auto-review", action="store_true", help="review by hand at /review")
     demo.add_argument(
-        "--drift-after", type=float, default=120.0, help="seconds until the model degrades"
+        "--drift-after", type=float, default=120.0, help="seconds until the model degrades (120)"
     )
     demo.add_argument("--duration", type=float, help="stop after this many seconds")
     demo.add_argument(
@@ -141,6 +144,17 @@ def add_service_parsers(sub: Any) -> None:
     demo.add_argument("--rate", type=float, default=10.0, help="traffic requests per second")
     demo.add_argument("--metrics-port", type=int, default=9108, help="/metrics port (9108)")
     demo.add_argument("--review-port", type=int, default=9109, help="review API port (9109)")
-    demo.add_argument("--traffic-port", type=int, default=9110, help="mirror port (9110)")
+    demo.add_argument(
+        "--traffic-port",
+        type=int,
+        default=9110,
+        help="traffic port: the inline proxy the demo's requests go through (9110)",
+    )
+    demo.add_argument(
+        "--model-port",
+        type=int,
+        default=0,
+        help="the simulated model's port (default 0: any free port; printed at start)",
+    )
     demo.add_argument("--verbose", action="store_true", help="log every item")
     demo.set_defaults(handler=_demo)

@@ -28,7 +28,20 @@ from monitor.engine.metrics import TRAFFIC_DECISIONS
 from monitor.engine.ports import ModelClient
 from monitor.engine.segments import TaskSegments
 
-__all__ = ["Job", "ServiceStats", "TaskRuntime", "item_id", "item_seed_key"]
+__all__ = ["Job", "ServiceStats", "TaskRuntime", "item_id", "item_seed_key", "reask_policy"]
+
+
+def reask_policy(task: TaskSettings) -> ReaskPolicy:
+    """How ``task`` re-asks a request (``tasks[].reask``, the endpoint's model and the
+    defaults for a request relmon builds itself); ``check-config --probe`` re-asks by it too."""
+    return ReaskPolicy(
+        model=task.endpoint.model,
+        min_temperature=task.reask.min_temperature,
+        default_temperature=task.endpoint.temperature,
+        default_max_tokens=task.endpoint.max_tokens,
+        set=dict(task.reask.set),
+        drop=tuple(task.reask.drop),
+    )
 
 
 def item_id(task_name: str, event_id: str) -> str:
@@ -83,17 +96,8 @@ class TaskRuntime:
 
     @functools.cached_property
     def reask(self) -> ReaskPolicy:
-        """How this task re-asks a request (``tasks[].reask``, the endpoint's model and
-        the defaults for a request relmon builds itself)."""
-        s = self.settings
-        return ReaskPolicy(
-            model=s.endpoint.model,
-            min_temperature=s.reask.min_temperature,
-            default_temperature=s.endpoint.temperature,
-            default_max_tokens=s.endpoint.max_tokens,
-            set=dict(s.reask.set),
-            drop=tuple(s.reask.drop),
-        )
+        """How this task re-asks a request (:func:`reask_policy`)."""
+        return reask_policy(self.settings)
 
     @functools.cached_property
     def server_tools(self) -> frozenset[str]:

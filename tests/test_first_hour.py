@@ -22,7 +22,7 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
 def test_demo_says_where_metrics_and_the_review_page_are_first(tmp_path: Path) -> None:
-    ports = [free_port() for _ in range(3)]
+    ports = [free_port() for _ in range(4)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("RELMON_")}
     proc = subprocess.Popen(
         [
@@ -38,6 +38,8 @@ def test_demo_says_where_metrics_and_the_review_page_are_first(tmp_path: Path) -
             str(ports[1]),
             "--traffic-port",
             str(ports[2]),
+            "--model-port",
+            str(ports[3]),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -55,7 +57,20 @@ def test_demo_says_where_metrics_and_the_review_page_are_first(tmp_path: Path) -
     assert first.startswith("relmon demo: starting")
     assert f"http://127.0.0.1:{ports[0]}/metrics" in first
     assert f"http://127.0.0.1:{ports[1]}/review" in first
+    # once everything listens: every address, the simulated model's too
+    started = out.splitlines()[1]
+    assert f"traffic http://127.0.0.1:{ports[2]}" in started
+    assert f"model http://127.0.0.1:{ports[3]}/v1" in started
     assert "review token (set RELMON_REVIEW_TOKEN to choose one): " in err
+
+
+def test_demo_help_calls_the_traffic_port_the_proxy(capsys: pytest.CaptureFixture[str]) -> None:
+    """The demo's traffic goes through the inline proxy, never a mirror."""
+    assert main(["demo", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    traffic = text.split("--traffic-port TRAFFIC_PORT", 2)[2].split("--model-port", 1)[0]
+    assert "proxy" in traffic and "mirror" not in traffic
+    assert "any free port" in text.split("--model-port MODEL_PORT", 2)[2]
 
 
 async def test_review_page_says_where_the_token_comes_from(tmp_path: Path) -> None:

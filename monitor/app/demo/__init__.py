@@ -4,9 +4,10 @@ A simulated OpenAI-compatible model (arithmetic with ground truth and a drift ev
 a traffic generator whose requests go through relmon's inline proxy to that model (so
 relmon sees the answer each request was served), an automatic reviewer answering
 review items from the ground truth, and the service itself, on the default ports
-(9108 metrics, 9109 review API and page, 9110 traffic), all on 127.0.0.1. The traffic
-carries a tenant header and the task segments by it, so every panel of the Grafana
-dashboard has data, the Segments row too. A one-line summary prints every few seconds
+(9108 metrics, 9109 review API and page, 9110 traffic; the model on any free port unless
+``model_port`` is given), all on 127.0.0.1. The traffic carries a tenant header and the
+task segments by it, so every panel of the Grafana dashboard has data, the Segments row
+too. A one-line summary prints every few seconds
 (the served answers' acceptable share at its end).
 """
 
@@ -119,6 +120,7 @@ async def run_demo(
     metrics_port: int = 9108,
     review_port: int = 9109,
     traffic_port: int = 9110,
+    model_port: int = 0,
     token: str | None = None,
 ) -> int:
 
@@ -131,7 +133,7 @@ async def run_demo(
         tmp = tempfile.TemporaryDirectory(prefix="relmon-demo-")
         state_dir = Path(tmp.name)
     bank = QuestionBank()
-    model = SimulatedModel(drift_after_s=drift_after_s, bank=bank)
+    model = SimulatedModel(drift_after_s=drift_after_s, bank=bank, port=model_port)
     model_url = await model.start()
     settings = demo_settings(
         model_url,
@@ -144,7 +146,7 @@ async def run_demo(
     print(
         f"relmon demo: metrics http://127.0.0.1:{metrics_port}/metrics  "
         f"review http://127.0.0.1:{review_port}/review  traffic http://127.0.0.1:{traffic_port}"
-        f"  (drift after {drift_after_s}s)",
+        f"  model {model_url}  (drift after {drift_after_s}s)",
         flush=True,
     )
     stop = asyncio.Event()

@@ -128,6 +128,7 @@ bench: $(COMPILE_STAMP)
 	$(BIN)/python bench/proxy_latency_bench.py --json bench/results/proxy.json
 	$(BIN)/python bench/proxy_saturation_bench.py --upstream nginx --with-lean --with-data-plane --plain-baseline --json bench/results/proxy_saturation.json
 	$(BIN)/python bench/proxy_saturation_bench.py --upstream nginx --apis chat,responses,anthropic,gemini,completions,mixed --json bench/results/proxy_apis.json
+	$(BIN)/python bench/proxy_saturation_bench.py --upstream nginx --apis mixed --routes 4 --json bench/results/proxy_routes.json
 	$(BIN)/python bench/proxy_saturation_bench.py --data-plane uvloop --upstream nginx --with-lean --plain-baseline --json bench/results/proxy_data_plane.json
 	$(BIN)/python bench/dataplane_cpu_bench.py --json bench/results/dataplane_cpu.json
 	$(BIN)/python bench/loop_stall_bench.py --json bench/results/loop_stall.json

@@ -116,8 +116,11 @@ http {{
     return conf
 
 
-def start_nginx(prefix: Path, port: int, upstream_port: int) -> subprocess.Popen[bytes]:
-    conf = nginx_config(prefix, port, upstream_port)
+def start_nginx(
+    prefix: Path, port: int, upstream_port: int, conf: Path | None = None
+) -> subprocess.Popen[bytes]:
+    """nginx on ``port`` with ``conf`` (default: :func:`nginx_config` to ``upstream_port``)."""
+    conf = conf or nginx_config(prefix, port, upstream_port)
     log = prefix / "logs" / "error.log"
     proc = subprocess.Popen(
         ["nginx", "-p", str(prefix), "-c", str(conf), "-e", str(log)],

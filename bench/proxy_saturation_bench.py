@@ -42,12 +42,21 @@ its windows as above, relmon's counters read around it. Per API: the four ratios
 nginx and the goals they meet, and relmon's CPU per request, added p50 and requests/s
 against its own for chat in the same repeat (paired).
 
+``--routes 4`` (with ``--apis``, say ``mixed``) measures the proxy's routes: relmon with
+``traffic.routes`` (``bench/proxy_routes.py``: a route per API, by path prefix or by API,
+completions left to ``traffic.upstream_url``) and nginx with the same ``location``
+blocks, each route to an upstream port of its own (a server block of the static upstream
+each), beside relmon with one upstream (``one_route``) in the same repeats: the ratios
+against nginx for both relmons, relmon's with routes against its own with one upstream,
+and relmon's answers by route.
+
 Reported: medians over ``--repeats`` repeats and the ratios relmon/nginx. With
 ``--profile FILE`` py-spy samples relmon during its first saturation run and the
 hottest functions (by own time and by inclusive time) go into the JSON document.
 
     .venv/bin/python bench/proxy_saturation_bench.py [--seconds 3] [--repeats 5] [--json FILE]
         [--upstream nginx --apis chat,responses,anthropic,gemini,completions,mixed]
+        [--upstream nginx --apis mixed --routes 4]
 """
 
 from __future__ import annotations
@@ -75,6 +84,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import benchlib
 from proxy_latency_bench import start_nginx
+from proxy_routes import ROUTES, nginx_routes_config, routes_traffic
 
 from adapters.traffic.traffic import TrafficServer
 from monitor.config import TaskSettings
@@ -84,8 +94,9 @@ from monitor.engine.routing import HeaderTaskResolver, HeadSkip, RoutedTask, Tas
 
 TARGETS = ("direct", "relmon", "nginx")
 PROXIES = ("relmon", "nginx")
-OTHERS = ("before", "lean", "plane")
-"""The targets measured beside relmon and nginx when asked (each against nginx too)."""
+OTHERS = ("before", "lean", "plane", "one_route")
+"""The targets measured beside relmon and nginx when asked (each against nginx too);
+``one_route``: with ``--routes``, relmon as without them (one upstream)."""
 _SYSTEM = "You are a careful assistant. Answer with one number and nothing else. " * 18
 REQUEST = json.dumps(
     {
@@ -299,9 +310,13 @@ def _nginx_string(text: str) -> str:
     return text.replace("\\", "\\\\").replace("'", "\\'")
 
 
-def start_static_upstream(prefix: Path, port: int, apis: bool = False) -> subprocess.Popen[bytes]:
+def start_static_upstream(
+    prefix: Path, port: int, apis: bool = False, more_ports: Sequence[int] = ()
+) -> subprocess.Popen[bytes]:
     """nginx answering every request with :data:`COMPLETION` (one worker, keep-alive);
-    with ``apis``, a path ending as one of :data:`APIS`' with that API's answer."""
+    with ``apis``, a path ending as one of :data:`APIS`' with that API's answer;
+    ``more_ports``: the same answers from a server block of its own on each (the
+    upstreams of ``--routes``)."""
     for d in ("logs", "tmp"):
         (prefix / d).mkdir(parents=True, exist_ok=True)
     body = _nginx_string(COMPLETION)
@@ -309,6 +324,14 @@ def start_static_upstream(prefix: Path, port: int, apis: bool = False) -> subpro
         f"        location ~ {case.location} "
         f"{{ default_type application/json; return 200 '{_nginx_string(case.answer)}'; }}\n"
         for case in (APIS.values() if apis else ())
+    )
+    servers = "".join(
+        f"""    server {{
+        listen 127.0.0.1:{p};
+{by_api}        location / {{ default_type application/json; return 200 '{body}'; }}
+    }}
+"""
+        for p in (port, *more_ports)
     )
     conf = prefix / "nginx.conf"
     conf.write_text(
@@ -321,11 +344,7 @@ http {{
     access_log off;
     client_body_temp_path {prefix}/tmp/body;
     keepalive_requests 1000000;
-    server {{
-        listen 127.0.0.1:{port};
-{by_api}        location / {{ default_type application/json; return 200 '{body}'; }}
-    }}
-}}
+{servers}}}
 """
     )
     proc = subprocess.Popen(
@@ -334,7 +353,8 @@ http {{
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    benchlib.wait_port(port, proc, deadline_s=30)
+    for p in (port, *more_ports):
+        benchlib.wait_port(p, proc, deadline_s=30)
     return proc
 
 
@@ -611,18 +631,28 @@ def _servers(
     (``http://127.0.0.1:PORT``, ``direct`` the upstream's), the processes whose CPU counts
     for each proxy, and relmon's metrics port (None: the data plane alone)."""
     nginx_port = benchlib.free_port()
+    # --routes: an upstream port per route (a server block of the static upstream each)
+    route_ports = {r.name: benchlib.free_port() for r in ROUTES} if args.routes > 1 else {}
     if args.upstream == "nginx":
         up_port = benchlib.free_port()
-        upstream = start_static_upstream(tmp / "upstream", up_port, apis=bool(args.apis))
+        upstream = start_static_upstream(
+            tmp / "upstream", up_port, apis=bool(args.apis), more_ports=list(route_ports.values())
+        )
     else:
         cmd = [sys.executable, str(Path(__file__).with_name("proxy_latency_bench.py"))]
         upstream, up_port = benchlib.spawn_with_port([*cmd, "--serve-upstream"], "upstream")
-    relmon = nginx = lean = before = plane = None
+    relmon = nginx = lean = before = plane = one_route = None
     try:
+        extra = args.traffic_extra
+        if route_ports:
+            extra = ", ".join(x for x in (extra, routes_traffic(route_ports)) if x)
         relmon, port, metrics_port = _start_relmon(
-            args, tmp / "relmon", up_port, benchlib.ROOT, args.traffic_extra
+            args, tmp / "relmon", up_port, benchlib.ROOT, extra
         )
-        nginx = start_nginx(tmp / "nginx", nginx_port, up_port)
+        conf = None
+        if route_ports:
+            conf = nginx_routes_config(tmp / "nginx", nginx_port, route_ports, up_port)
+        nginx = start_nginx(tmp / "nginx", nginx_port, up_port, conf)
         origins = {
             "direct": f"http://127.0.0.1:{up_port}",
             "relmon": f"http://127.0.0.1:{port}",
@@ -653,9 +683,15 @@ def _servers(
             )
             origins["plane"] = f"http://127.0.0.1:{plane_port}"
             pids["plane"] = [plane.pid]
+        if route_ports:  # relmon as without --routes, beside: its one upstream
+            one_route, one_port, _ = _start_relmon(
+                args, tmp / "one_route", up_port, benchlib.ROOT, args.traffic_extra
+            )
+            origins["one_route"] = f"http://127.0.0.1:{one_port}"
+            pids["one_route"] = _family(one_route.pid)
         yield origins, pids, metrics_port
     finally:
-        for proc in (nginx, relmon, lean, before, plane):
+        for proc in (nginx, relmon, lean, before, plane, one_route):
             if proc is not None:
                 benchlib.stop(proc)
         benchlib.stop(upstream)
@@ -773,7 +809,49 @@ def run_apis(args: argparse.Namespace) -> dict[str, Any]:
         "machine": start_machine,
         "label": args.label,
     }
-    return report | summarize_apis(results, counts)
+    report |= summarize_apis(results, counts)
+    if args.routes > 1:
+        report |= {"benchmark": "proxy_routes", "routes": args.routes}
+        report |= {"route_table": ROUTE_TABLE} | summarize_routes(results)
+    return report
+
+
+ROUTE_TABLE = [
+    *({"name": r.name, "match": r.match, "nginx_location": r.location} for r in ROUTES),
+    {"name": "default", "match": "the rest (completions)", "nginx_location": "/"},
+]
+"""``--routes 4``: relmon's routes (``traffic.routes``, then ``traffic.upstream_url``: the
+``default`` route) and nginx's locations, each route to an upstream port of its own."""
+
+
+def _pair(r: dict[str, list[dict[str, Any]]], target: str, base: str) -> dict[str, Any]:
+    """An API's windows with ``target`` in relmon's place and ``base`` in nginx's (the
+    others left out): :func:`api_summary` of one target against another."""
+
+    def lat(windows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{"direct": w["direct"], "relmon": w[target], "nginx": w[base]} for w in windows]
+
+    return {
+        "latency": lat(r["latency"]),
+        "latency_after_idle": lat(r["latency_after_idle"]),
+        "saturation": [{"relmon": w[target], "nginx": w[base]} for w in r["saturation"]],
+    }
+
+
+def summarize_routes(results: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, Any]:
+    """``--routes``: per API, relmon with one upstream (``one_route``) against nginx, as
+    ``per_api`` has relmon with the routes; and relmon with the routes against itself with
+    one upstream (the ratios paired within each repeat, their medians)."""
+    vs_one = api_summary({n: _pair(r, "relmon", "one_route") for n, r in results.items()})
+    return {
+        "one_route_per_api": api_summary(
+            {n: _pair(r, "one_route", "nginx") for n, r in results.items()}
+        ),
+        "vs_one_route": {
+            n: {"paired_ratios": s["paired_ratios"], "repeat_ratios": s["repeat_ratios"]}
+            for n, s in vs_one.items()
+        },
+    }
 
 
 def summarize_apis(
@@ -838,6 +916,7 @@ _COUNTED: dict[str, tuple[str, str]] = {
     "items": ("relmon_items_total", "outcome"),
     "model_calls": ("relmon_model_calls_total", "outcome"),
     "not_reasked": ("relmon_not_reasked_total", "reason"),
+    "routes": ("relmon_proxy_requests_total", "route"),  # answers relayed, by route
 }
 """relmon's counters read around each API's turn: (metric, the label counted by)."""
 
@@ -942,18 +1021,17 @@ def vs_chat(results: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, An
 
 
 def _print_apis(report: dict[str, Any]) -> None:
+    routes = report.get("routes", 1) > 1
     for name, s in report["per_api"].items():
-        a, n = s["latency"]["relmon_added"], s["latency"]["nginx_added"]
-        sat, y = s["saturation"], s["paired_ratios"]
+        _print_api(f"{name}, {report['routes']} routes" if routes else name, s)
+    for name, s in report.get("one_route_per_api", {}).items():
+        _print_api(f"{name}, one route", s)
+    for name, v in report.get("vs_one_route", {}).items():
+        y = v["paired_ratios"]
         print(
-            f"{name:>11}: relmon added p50 +{a['p50_ms']:.3f} (nginx +{n['p50_ms']:.3f}) ms "
-            f"p99 +{a['p99_ms']:.3f} (+{n['p99_ms']:.3f}) ms | "
-            f"{sat['relmon']['requests_per_s']:,.0f} ({sat['nginx']['requests_per_s']:,.0f}) "
-            "req/s | "
-            f"{sat['relmon']['cpu_s_per_10k']:.2f} ({sat['nginx']['cpu_s_per_10k']:.2f}) "
-            f"CPU-s per 10k || /nginx, paired: added p50 {_times(y['added_p50'])}, p99 "
-            f"{_times(y['added_p99'])}, req/s x{y['requests_per_s']:.2f}, CPU "
-            f"x{y['cpu_per_request']:.2f}; goals met {sum(s['goals_met'].values())} of 4"
+            f"{name:>11}, {report['routes']} routes / one route, relmon, paired: added p50 "
+            f"{_times(y['added_p50'])}, p99 {_times(y['added_p99'])}, req/s "
+            f"x{y['requests_per_s']:.2f}, CPU x{y['cpu_per_request']:.2f}"
         )
     chat = report.get("vs_chat") or {}
     for name, v in chat.items():
@@ -962,6 +1040,22 @@ def _print_apis(report: dict[str, Any]) -> None:
             f"{name:>11} / chat, relmon: CPU per request {_times(r['cpu_per_request'])}, added "
             f"p50 {_times(r['added_p50'])} (nginx: CPU {_times(v['nginx']['cpu_per_request'])})"
         )
+
+
+def _print_api(name: str, s: dict[str, Any]) -> None:
+    """One API's line: relmon against nginx (paired ratios) and the goals it meets."""
+    a, n = s["latency"]["relmon_added"], s["latency"]["nginx_added"]
+    sat, y = s["saturation"], s["paired_ratios"]
+    print(
+        f"{name:>11}: relmon added p50 +{a['p50_ms']:.3f} (nginx +{n['p50_ms']:.3f}) ms "
+        f"p99 +{a['p99_ms']:.3f} (+{n['p99_ms']:.3f}) ms | "
+        f"{sat['relmon']['requests_per_s']:,.0f} ({sat['nginx']['requests_per_s']:,.0f}) "
+        "req/s | "
+        f"{sat['relmon']['cpu_s_per_10k']:.2f} ({sat['nginx']['cpu_s_per_10k']:.2f}) "
+        f"CPU-s per 10k || /nginx, paired: added p50 {_times(y['added_p50'])}, p99 "
+        f"{_times(y['added_p99'])}, req/s x{y['requests_per_s']:.2f}, CPU "
+        f"x{y['cpu_per_request']:.2f}; goals met {sum(s['goals_met'].values())} of 4"
+    )
 
 
 def fast_path_server(upstream_url: str) -> TrafficServer:
@@ -1056,6 +1150,15 @@ def main() -> None:
         help=f"measure each of these wire APIs, comma-separated: {','.join(CHOICES)} "
         "(mixed: every API in turn); needs --upstream nginx",
     )
+    parser.add_argument(
+        "--routes",
+        type=int,
+        choices=[1, len(ROUTES)],
+        default=1,
+        help=f"with --apis: 1, one upstream; {len(ROUTES)}: relmon's traffic.routes and "
+        "nginx's locations, a route per API (completions: the default), each to an upstream "
+        "port of its own, beside relmon with one upstream",
+    )
     parser.add_argument("--quick", action="store_true", help="1 s runs, 1 repeat (a smoke test)")
     parser.add_argument("--json", type=Path, help="write the results as JSON to this file")
     args = parser.parse_args()
@@ -1067,6 +1170,8 @@ def main() -> None:
         return
     if args.apis and args.upstream != "nginx":
         parser.error("--apis needs --upstream nginx (the upstream that answers every API)")
+    if args.routes > 1 and (not args.apis or args.data_plane):
+        parser.error("--routes needs --apis (and relmon run, not --data-plane)")
     if args.apis and (args.profile is not None or args.before):
         parser.error("--apis takes neither --profile nor --before")
     if args.quick:

@@ -26,6 +26,7 @@ SECTIONS = (
     "proxy",
     "proxy_saturation",
     "proxy_apis",
+    "proxy_routes",
     "proxy_data_plane",
     "dataplane_cpu",
     "loop_stall",
@@ -611,6 +612,87 @@ def proxy_apis(doc: dict[str, Any]) -> list[str]:
         *out,
         "Reproduce: `.venv/bin/python bench/proxy_saturation_bench.py --upstream nginx "
         f"--apis {','.join(names)}`",
+        "",
+    ]
+
+
+def _route_match(m: dict[str, str] | str) -> str:
+    return m if isinstance(m, str) else ", ".join(f"`{k}: {v}`" for k, v in m.items())
+
+
+def proxy_routes(doc: dict[str, Any]) -> list[str]:
+    """``--routes``: relmon with a route per API beside nginx with a location per API, and
+    beside relmon with one upstream, in one run."""
+    names, n = doc["apis"], doc["routes"]
+    routes = "; ".join(
+        f"{r['name']}: {_route_match(r['match'])} (nginx `location {r['nginx_location']}`)"
+        for r in doc["route_table"]
+    )
+    out = [
+        f"### {n} routes beside nginx's {n} locations, with wrk",
+        "",
+        f"The measurement above through relmon with `traffic.routes` ({n} routes, first "
+        "match wins, the rest to `traffic.upstream_url`, the `default` route) and nginx with "
+        f"the same `location` blocks: {routes}. Each route goes to an upstream port of its "
+        "own (a server block of the static upstream each, answering as above; relmon "
+        "keeps a pool of connections per route, nginx an `upstream` with keep-alive per "
+        "location). In the same run, relmon with one upstream (as above) takes the same "
+        f"traffic. The figures are medians over {doc['repeats']} repeats of "
+        f"{doc['seconds']:g} s; every ratio is paired within a repeat. {_ran(doc)}",
+        "",
+    ]
+    head = [
+        "traffic",
+        "added p50 ms relmon / nginx",
+        "ratio",
+        "added p99 ms relmon / nginx",
+        "ratio",
+        "req/s at saturation relmon / nginx",
+        "ratio",
+        "CPU-s per 10k relmon / nginx",
+        "ratio",
+        "goals met",
+        "repeats meeting p50 · p99 · req/s · CPU",
+    ]
+    rows = []
+    for name in names:
+        label = _api_label(doc, name)
+        rows.append(_api_row(f"{label}; relmon with {n} routes", doc["per_api"][name]))
+        rows.append(_api_row(f"{label}; relmon with one upstream", doc["one_route_per_api"][name]))
+    out += _table(head, rows)
+    out += [
+        "",
+        f"nginx has its {n} locations in both rows. Goals as above: added latency at most ×2 "
+        "nginx's, requests/s at least ×0.7, CPU per request at most ×2.",
+        "",
+        f"relmon with {n} routes against itself with one upstream (paired):",
+        "",
+    ]
+    rows = []
+    for name in names:
+        y = doc["vs_one_route"][name]["paired_ratios"]
+        rows.append([_api_label(doc, name), *(_x(y[k]) for k in _GOAL_NAMES)])
+    out += _table(["traffic", "added p50", "added p99", "req/s", "CPU per request"], rows)
+    by_route = {
+        name: (doc.get("relmon_counts_total") or {}).get(name, {}).get("routes", {})
+        for name in names
+    }
+    if any(by_route.values()):
+        out += [
+            "",
+            "Answers relmon relayed, by route (`relmon_proxy_requests_total`, all repeats): "
+            + "; ".join(
+                f"{_api_label(doc, name)}: "
+                + ", ".join(f"`{k}` {v:,.0f}" for k, v in by_route[name].items())
+                for name in names
+            )
+            + ".",
+        ]
+    return [
+        *out,
+        "",
+        "Reproduce: `.venv/bin/python bench/proxy_saturation_bench.py --upstream nginx "
+        f"--apis {','.join(names)} --routes {n}`",
         "",
     ]
 
@@ -1504,6 +1586,8 @@ def render(docs: dict[str, dict[str, Any]]) -> str:
             lines += proxy_saturation(docs["proxy_saturation"])
         if name == "proxy" and "proxy_apis" in docs:
             lines += proxy_apis(docs["proxy_apis"])
+        if name == "proxy" and "proxy_routes" in docs:
+            lines += proxy_routes(docs["proxy_routes"])
         if name == "proxy" and "proxy_data_plane" in docs:
             lines += proxy_data_plane(docs["proxy_data_plane"])
         if name == "proxy" and "dataplane_cpu" in docs:

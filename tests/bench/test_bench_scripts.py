@@ -664,6 +664,45 @@ def test_report_renders_every_api_beside_nginx(tmp_path: Path) -> None:
     assert "--apis chat,anthropic,mixed" in section
 
 
+@pytest.mark.timeout(180)
+def test_proxy_routes_bench_sends_the_mixed_traffic_down_every_route(tmp_path: Path) -> None:
+    """``--routes 4``: relmon with four routes and nginx with four locations, each to an
+    upstream port of its own, beside relmon with one upstream, in one quick run: the mixed
+    traffic reaches every route (relmon's ``relmon_proxy_requests_total`` by route, each
+    about a fifth: the five APIs in turn, completions the default route's), no target
+    answers an error, and report.py renders the section."""
+    out = tmp_path / "proxy_routes.json"
+    result = subprocess.run(
+        [
+            sys.executable, str(BENCH / "proxy_saturation_bench.py"), "--quick",
+            "--upstream", "nginx", "--apis", "mixed", "--routes", "4", "--json", str(out),
+        ],
+        cwd=ROOT, capture_output=True, text=True, timeout=170, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+    doc = json.loads(out.read_text())
+    assert (doc["benchmark"], doc["routes"], doc["apis"]) == ("proxy_routes", 4, ["mixed"])
+    by_route = doc["relmon_counts_total"]["mixed"]["routes"]
+    assert set(by_route) == {"chat", "responses", "anthropic", "gemini", "default"}, by_route
+    total = sum(by_route.values())
+    assert total > 1000 and all(0.15 < v / total < 0.25 for v in by_route.values()), by_route
+    mixed = doc["per_api"]["mixed"]
+    for target in ("relmon", "nginx", "one_route"):
+        assert mixed["latency"][target]["errors"] == 0, target
+        assert mixed["saturation"][target]["errors"] == 0, target
+        assert positive(mixed["saturation"][target]["requests_per_s"]), target
+    one = doc["one_route_per_api"]["mixed"]
+    assert one["saturation"]["relmon"] == mixed["saturation"]["one_route"]
+    vs_one = doc["vs_one_route"]["mixed"]["paired_ratios"]
+    assert positive(vs_one["requests_per_s"]) and positive(vs_one["cpu_per_request"])
+    md = tmp_path / "RESULTS.md"
+    render(results=tmp_path, out=md)
+    section = md.read_text().split("### 4 routes beside nginx's 4 locations, with wrk", 1)[1]
+    assert "| mixed: the five in turn; relmon with 4 routes |" in section
+    assert "| mixed: the five in turn; relmon with one upstream |" in section
+    assert "`anthropic` " in section and "--apis mixed --routes 4" in section
+
+
 @pytest.mark.timeout(300)
 def test_chaos_bench_counts_a_run_without_a_fault_and_a_postgresql_stop(tmp_path: Path) -> None:
     """``bench/chaos.py`` on short outages (a real ``relmon run``, PostgreSQL, the demo's

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import structlog
-from aiokafka.errors import KafkaError, KafkaTimeoutError
+from aiokafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError
 
 from monitor.core.errors import ConfigError, RelmonError
 from monitor.core.failures import internal_error, raised_at
@@ -28,6 +29,7 @@ __all__ = [
     "close_clients",
     "dead_letter_headers",
     "has_live_connection",
+    "lost_commits",
     "note_offset_reset",
     "past_log_end",
     "record_failed",
@@ -147,10 +149,37 @@ async def close_clients(clients: Sequence[Any], topic: str, timeout_s: float | N
             task.result()
     if pending:
         log.warning("kafka.close_timeout", topic=topic)
-        for client in clients:  # the connections at least; each close() is immediate
-            inner = getattr(client, "_client", None)
-            for conn in list(getattr(inner, "_conns", {}).values()):
-                conn.close()
+        await asyncio.gather(*(_abandon(c) for c in clients if c is not None))
+
+
+_BACKGROUND: Final = (
+    ("_fetcher", "_fetch_task"),
+    ("_coordinator", "_coordination_task"),
+    ("_coordinator", "_heartbeat_task"),
+    ("_coordinator", "_commit_refresh_task"),
+    ("_coordinator", "_reset_committed_task"),
+    ("_sender", "_sender_task"),
+    ("_client", "_sync_task"),
+)
+"""aiokafka's own tasks in a consumer or producer (owner attribute, task attribute)."""
+
+
+async def _abandon(client: Any) -> None:
+    """A client whose ``stop()`` did not end in time: its background tasks are cancelled,
+    then its connections closed (each close() is immediate). Closing the connections alone
+    was not enough: the metadata task, left running, opened a new one afterwards, never
+    closed (a socket leaked per late stop)."""
+    tasks = []
+    for owner_name, task_name in _BACKGROUND:
+        task = getattr(getattr(client, owner_name, None), task_name, None)
+        if isinstance(task, asyncio.Future) and not task.done():
+            task.cancel()
+            tasks.append(task)
+    if tasks:
+        await asyncio.wait(tasks, timeout=1.0)
+    inner = getattr(client, "_client", None)
+    for conn in list(getattr(inner, "_conns", {}).values()):
+        conn.close()
 
 
 async def _stop_client(client: Any, topic: str) -> None:
@@ -220,12 +249,15 @@ def note_offset_reset(
     tp: Any,
     *,
     position: int,
-    log_end: int,
+    log_end: int | None,
     reset_to: int,
     policy: str,
+    cause: str = "past_log_end",
 ) -> None:
     """Count (``resets`` and ``relmon_kafka_offset_resets_total``, when given) and log
-    once a position of ``tp`` moved because it lay past the partition's log end."""
+    once a position of ``tp`` moved because it belongs to a log the broker no longer has:
+    it lay past the partition's log end (``past_log_end``), or the group's committed
+    offset of the partition was gone (``committed_offset_lost``; ``log_end`` None)."""
     resets[tp] = resets.get(tp, 0) + 1
     if metric is not None:
         metric.labels(tp.topic).inc()
@@ -237,7 +269,30 @@ def note_offset_reset(
         log_end=log_end,
         reset_to=reset_to,
         policy=policy,
+        cause=cause,
     )
+
+
+async def lost_commits(consumer: Any, committed: Mapping[Any, int], timeout_s: float) -> list[Any]:
+    """The partitions of ``committed`` (what this consumer committed last, per partition)
+    whose committed offset the group no longer has, or has below that.
+
+    A group's committed offsets stay while the group is alive; a broker rebuilt without
+    its data, or a topic deleted and recreated, drops them. Then the consumer's position
+    belongs to a log that is gone, even where the new log already reaches past it (no
+    position past the log end to see): a broker answers the fetch there with the new
+    log's later records, and the ones before it would never be read. Another member that
+    took a partition over commits at or above this one's offset, never below.
+    ``TimeoutError`` when the group's coordinator does not answer within ``timeout_s``
+    (aiokafka retries that call without end).
+    """
+    tps = list(committed)
+    if not tps:
+        return []
+    answers = await asyncio.wait_for(
+        asyncio.gather(*(consumer.committed(tp) for tp in tps)), timeout_s
+    )
+    return [tp for tp, now in zip(tps, answers, strict=True) if now is None or now < committed[tp]]
 
 
 async def past_log_end(consumer: Any, tp: Any, end_offset: int | None) -> tuple[int, int] | None:
@@ -265,10 +320,13 @@ class ConsumerLag:
 
     ``consumed(tp)`` gives the first offset of a partition not done yet (None: use the
     consumer's position). The log end is the larger of a fresh ``end_offsets`` answer and
-    the last fetch's high watermark (a broker may under-report one of them). A partition
-    whose position lies past its log end (:func:`past_log_end`) is handed to
-    ``on_past_end`` first, which moves it back into the log; its lag is then measured from
-    there, so it never reads 0 for a partition that is not read.
+    the last fetch's high watermark (a broker may under-report one of them). Before
+    measuring, ``verify(tps)`` (when given) moves back into the log the positions whose
+    log the broker lost (:func:`lost_commits`), and a partition whose position lies past
+    its log end (:func:`past_log_end`) is handed to ``on_past_end``, which moves it back
+    into the log; its lag is then measured from there, so it never reads 0 for a
+    partition that is not read. While the lag cannot be measured (no live connection, or
+    no answer) the series read NaN: unknown, not 0.
     """
 
     def __init__(
@@ -277,6 +335,7 @@ class ConsumerLag:
         interval_s: float,
         consumed: Callable[[Any], int | None],
         on_past_end: PastEnd | None = None,
+        verify: Callable[[Sequence[Any]], Awaitable[None]] | None = None,
     ) -> None:
         if interval_s <= 0:
             raise ConfigError("lag_interval_s must be positive")
@@ -284,12 +343,15 @@ class ConsumerLag:
         self._interval_s = interval_s
         self._consumed = consumed
         self._on_past_end = on_past_end
+        self._verify = verify
         self._series: set[tuple[str, str]] = set()
         self.lag: dict[Any, int] = {}
         """The last measurement, per assigned partition."""
 
     async def measure(self, consumer: Any) -> dict[Any, int]:
         tps = sorted(consumer.assignment(), key=lambda tp: (tp.topic, tp.partition))
+        if self._verify is not None and tps:
+            await self._verify(tps)
         end = await consumer.end_offsets(tps) if tps else {}
         lag: dict[Any, int] = {}
         for tp in tps:
@@ -322,13 +384,24 @@ class ConsumerLag:
             self._gauge.labels(*labels).set(n)
         self._series = set(series)
 
+    def unknown(self) -> None:
+        """Set this consumer's series to NaN: the partitions are not read and their lag
+        cannot be measured (a last value of 0 would say they are caught up)."""
+        if self._gauge is None:
+            return
+        for labels in self._series:
+            self._gauge.labels(*labels).set(math.nan)
+
     async def loop(self, consumer: Any, topic: str) -> None:
         """Measure every ``interval_s`` until cancelled (a failed try is logged, at most
-        once per cause every 10 s, and retried)."""
+        once per cause every 10 s, and retried; meanwhile the series read NaN)."""
         while True:
             try:
+                if not has_live_connection(consumer):
+                    raise KafkaConnectionError("no live connection to a broker")
                 await asyncio.wait_for(self.measure(consumer), _LAG_TIMEOUT_S)
             except (KafkaError, TimeoutError) as exc:
+                self.unknown()
                 error = type(exc).__name__
                 throttled_log.info(
                     "kafka.lag_unknown", key=(topic, error), topic=topic, error=error

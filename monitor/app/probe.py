@@ -40,6 +40,8 @@ def listeners(settings: Settings) -> Iterator[tuple[str, str, int]]:
         yield "review", settings.review.host, settings.review.port
     if settings.traffic.mode != "off":
         yield "traffic", settings.traffic.host, settings.traffic.port
+    if settings.traffic.otlp.enabled:
+        yield "traffic.otlp", settings.traffic.otlp.host, settings.traffic.otlp.port
 
 
 def _bind_problem(host: str, port: int) -> str | None:

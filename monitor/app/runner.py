@@ -32,6 +32,7 @@ from adapters.review.review_page import ReviewPage
 from adapters.traffic.dataplane import DataPlaneProcess
 from adapters.traffic.traffic import TrafficServer
 from monitor.app import dataplane
+from monitor.app.otlp import start_otlp
 from monitor.app.supervision import supervise
 from monitor.app.validation import validate_settings
 from monitor.app.wiring import (
@@ -331,8 +332,11 @@ async def _start_review(
 
 
 async def _start_traffic(running: Running, metrics: Metrics) -> None:
-    """The mirror or proxy listener, unless ``traffic.mode`` is off."""
+    """The OTLP receiver if enabled; the mirror or proxy listener, unless ``traffic.mode``
+    is off."""
     settings, service = running.settings, running.service
+    if settings.traffic.otlp.enabled:  # beside the mirror or proxy, or alone
+        await start_otlp(settings, service, metrics, running.sources, _listen)
     if settings.traffic.mode == "off":
         return
     metrics.init_source(settings.traffic.mode)

@@ -115,6 +115,8 @@ class MatchSettings(_Strict):
     model: str | None = None
     path_prefix: str | None = None
     api: str | None = None  # the event's wire API (monitor.core.apis.registry.API_NAMES)
+    # traffic.otlp spans only: span or resource attributes, each equal ({service.name: x})
+    attributes: dict[str, str | bool | int | float] | None = Field(None, min_length=1)
 
     @field_validator("api")
     @classmethod

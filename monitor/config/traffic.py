@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from monitor.config.endpoint import _http_url
 from monitor.core.apis.registry import API_NAMES, GENERIC
 
-__all__ = ["DEFAULT_ROUTE", "RouteMatch", "RouteSettings", "TrafficSettings"]
+__all__ = ["DEFAULT_ROUTE", "OtlpSettings", "RouteMatch", "RouteSettings", "TrafficSettings"]
 
 DEFAULT_ROUTE = "default"
 """The ``route`` label of ``traffic.upstream_url``, the route of every request no entry of
@@ -107,6 +107,30 @@ class RouteSettings(_Strict):
         return v
 
 
+class OtlpSettings(_Strict):
+    """``traffic.otlp``: an OTLP/HTTP receiver of traces and logs (docs/opentelemetry.md,
+    "Traces as a source"), beside the mirror or the proxy, or alone (``mode: off``)."""
+
+    enabled: bool = False
+    host: str = "127.0.0.1"
+    port: int = Field(4318, ge=0, le=65535)
+    # A request body past this (as sent, and once gunzipped) is refused with 413.
+    max_body_bytes: int = Field(8_388_608, ge=1024)
+    # Every request also goes on, unchanged, to this collector (its answer is the client's).
+    forward_to: str | None = None
+    forward_timeout_s: float = Field(10.0, gt=0)
+    join_s: float = Field(5.0, ge=0, le=300)  # how long a span waits for its log records
+    max_waiting_spans: int = Field(10_000, ge=1)  # spans waiting for records; more: released
+    # Spans held in all (waiting for records or for relmon's budget); past it: 429.
+    queue_size: int = Field(20_000, ge=1)
+
+    @field_validator("forward_to")
+    @classmethod
+    def _forward_url(cls, v: str | None) -> str | None:
+        v = _http_url(v)
+        return None if v is None else v.rstrip("/")
+
+
 class TrafficSettings(_Strict):
     mode: Literal["mirror", "proxy", "off"] = "mirror"
     host: str = "127.0.0.1"
@@ -128,6 +152,7 @@ class TrafficSettings(_Strict):
     # The requests that may be sampled (1 in 100 at 1%) are parsed and offered together,
     # at most this long after the first (0: each at once, in the middle of live requests)
     offer_batch_s: float = Field(0.05, ge=0, le=1)
+    otlp: OtlpSettings = OtlpSettings()
 
     @field_validator("mode", mode="before")
     @classmethod

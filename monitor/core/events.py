@@ -76,6 +76,17 @@ class TrafficEvent:
     headers: tuple[tuple[str, str], ...] = ()
     """The production headers its re-asks carry (``registry.CARRIED_HEADERS``: Anthropic's
     ``anthropic-version`` and ``anthropic-beta``; never a credential)."""
+    attributes: Mapping[str, object] | None = None
+    """A span's (``traffic.otlp``): its span and resource attributes that some task's
+    ``match.attributes`` names (the span's winning over its resource's); None for every
+    other source, whose events no such task takes."""
+    unrecorded: tuple[str, ...] = ()
+    """A span's answer-shaping request fields its API has and the span did not record
+    (``tools``, ``response_format``, ``stop``, ``seed`` …): its re-ask cannot repeat
+    them, so its served answer is not one of the draws. Empty for every other source."""
+    served_tool_call: bool = False
+    """A span's served answer is a tool call (with ``tools`` in :attr:`unrecorded`, its
+    tool definitions are unknown). False for every other source."""
 
 
 _CHAT: Final = get_api(DEFAULT_API)

@@ -29,6 +29,7 @@ from monitor.core.apis.registry import API_NAMES
 from monitor.core.ppi import PPIEstimate
 from monitor.core.window import WindowSnapshot
 from monitor.engine.kafka_metrics import KafkaMetrics
+from monitor.engine.otlp_metrics import OtlpMetrics
 from monitor.engine.outbox_metrics import ReviewOutboxMetrics
 from monitor.engine.segment_metrics import SegmentMetrics
 from monitor.engine.served import ServedAnswerMetrics
@@ -148,6 +149,7 @@ class Metrics:
         self.served = ServedAnswerMetrics(registry)
         self.outbox = ReviewOutboxMetrics(registry)
         self.segments = SegmentMetrics(registry)
+        self.otlp = OtlpMetrics(registry)  # created at 0 when traffic.otlp runs
 
     def _judge_metrics(self, registry: CollectorRegistry) -> None:
         """Judge-assisted calibration (``tasks[].judge``): absent for tasks without one."""

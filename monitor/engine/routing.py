@@ -48,8 +48,11 @@ T = TypeVar("T", bound=Routed)
 
 
 class TaskRouter(Generic[T]):
-    """The task of an event: named in it, else by its model, else the catch-all task
-    (the first with no match condition)."""
+    """The task of an event: named in it, else (a span's event) the first task whose
+    ``match.attributes`` it has, else by its model, else the catch-all task (the first
+    with no match condition). A task matched by attributes takes spans' events only (no
+    other source's event has attributes), and only those whose model and API its match
+    names too, if it names them."""
 
     def __init__(self, tasks: Mapping[str, T]) -> None:
         self.tasks = tasks
@@ -62,6 +65,7 @@ class TaskRouter(Generic[T]):
                 and t.settings.match.header is None
                 and t.settings.match.path_prefix is None
                 and t.settings.match.api is None
+                and t.settings.match.attributes is None
             ),
             None,
         )
@@ -71,7 +75,8 @@ class TaskRouter(Generic[T]):
         candidates = [
             t
             for t in tasks.values()
-            if t.settings.match.model is not None or t.settings.match.api is not None
+            if (t.settings.match.model is not None or t.settings.match.api is not None)
+            and t.settings.match.attributes is None
         ]
         if self._catch_all is not None:
             candidates.append(self._catch_all)
@@ -82,8 +87,15 @@ class TaskRouter(Generic[T]):
         self._by_header: dict[str, str] = {}
         self._by_model: dict[str, T] = {}
         self._by_api: dict[str, T] = {}
+        self._by_attributes = [t for t in tasks.values() if t.settings.match.attributes]
+        self.attribute_keys = frozenset(
+            key for t in self._by_attributes for key in t.settings.match.attributes or {}
+        )
+        """The attributes some task matches on: the ones a span's event carries."""
         for t in tasks.values():
             m = t.settings.match
+            if m.attributes:
+                continue  # spans' events only: resolve_attributes
             for value in (m.header, t.name):
                 if value is not None:
                     self._by_header.setdefault(value, t.name)
@@ -94,11 +106,28 @@ class TaskRouter(Generic[T]):
         self._by_prefix = [
             (t.settings.match.path_prefix, t.name)
             for t in tasks.values()
-            if t.settings.match.path_prefix is not None
+            if t.settings.match.path_prefix is not None and not t.settings.match.attributes
         ]
 
     def resolve(self, event: TrafficEvent) -> T | None:
+        if event.attributes is not None and event.task is None:
+            task = self.resolve_attributes(event.attributes, event.model, event.api)
+            if task is not None:
+                return task
         return self.resolve_fields(event.task, event.model, event.api)
+
+    def resolve_attributes(
+        self, attributes: Mapping[str, object], model: str, api: str
+    ) -> T | None:
+        """The first task whose ``match.attributes`` all equal the event's, and whose
+        ``match.model`` and ``match.api``, when given, are the event's."""
+        for t in self._by_attributes:
+            m = t.settings.match
+            if (m.model is None or m.model == model) and (m.api is None or m.api == api):
+                wanted = m.attributes or {}
+                if all(_equal(attributes.get(k), v) for k, v in wanted.items()):
+                    return t
+        return None
 
     def resolve_fields(
         self, task_name: str | None, model: str | None, api: str | None = None
@@ -150,6 +179,13 @@ class TaskRouter(Generic[T]):
         model = body.get("model")
         task = self._by_model.get(model) if isinstance(model, str) else None
         return task.name if task is not None else None
+
+
+def _equal(value: object, wanted: object) -> bool:
+    """An attribute's value equal to a configured one (``True`` is not ``1``)."""
+    if isinstance(value, bool) or isinstance(wanted, bool):
+        return value is wanted
+    return value == wanted
 
 
 class HeaderTaskResolver:

@@ -24,6 +24,8 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
+pytest_plugins = ["tests.leaks"]  # streams left open when a test's loop closed
+
 settings.register_profile("relmon", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("relmon")
 

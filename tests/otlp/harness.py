@@ -34,13 +34,19 @@ def spans_total(r: OtlpRelmon, shape: str, outcome: str) -> float:
 
 @contextlib.asynccontextmanager
 async def otlp_relmon(
-    tmp_path: Any, up: Upstream, *, task: dict[str, Any] | None = None, **otlp: Any
+    tmp_path: Any,
+    up: Upstream,
+    *,
+    task: dict[str, Any] | None = None,
+    api: str = "chat",
+    **otlp: Any,
 ) -> AsyncIterator[OtlpRelmon]:
     """relmon with ``traffic.mode: off`` and ``traffic.otlp`` on (``otlp``: more of its
-    keys), one task re-asking the upstream in Chat Completions (``task``: its keys)."""
+    keys), one task re-asking the upstream in Chat Completions (``api``: another of
+    :data:`~tests.apis_e2e.conftest.APIS`' keys; ``task``: more of its keys)."""
     port = free_port()
     config = {
-        "tasks": [api_task("chat", up, **(task or {}))],
+        "tasks": [api_task(api, up, **(task or {}))],
         "traffic": {"mode": "off", "otlp": {"enabled": True, "port": port, "join_s": 0.2} | otlp},
         "metrics": {"port": 0},
         "review": {"port": 0, "token": "otlp-e2e-review-token-0123"},

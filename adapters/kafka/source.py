@@ -16,6 +16,13 @@ record whose handling raised anything else (:func:`admit_record`: the reason is
 ``internal error: <type>``). Either way it is counted once (``reject``) and the next
 record goes: no record can stop a partition.
 
+A record of ``"format": "otlp"`` holds one OTLP JSON ``ResourceSpans`` (for pipelines
+that already put traces on Kafka): :func:`parse_record` reads its spans with the OTLP
+receiver's span reader (:func:`~monitor.core.traces.traffic.read_resource_spans`), and
+each read span's event is offered in order (the record is done when they all are); an
+inference span without content is counted ``unmonitored``, one that was rejected (cut,
+another schema, no model) has the record dead-lettered once, its other spans monitored.
+
 Offsets are committed only for work that is finished (at-least-once)::
 
     skipped / duplicate            done at once (a duplicate still running: when it is)
@@ -65,6 +72,8 @@ from adapters.kafka.fastpath import event_head
 from monitor.core.errors import InputError
 from monitor.core.events import MAX_EVENT_BYTES, TrafficEvent, parse_event
 from monitor.core.failures import internal_error
+from monitor.core.traces.traffic import OTLP_FORMAT, SpanBatch, read_resource_spans
+from monitor.engine.metrics import UNMONITORED
 from monitor.engine.ports import Admission, EventSink
 
 _fast_decode: Callable[[bytes], Any] | None
@@ -84,6 +93,7 @@ __all__ = [
     "SkipCheck",
     "admit_record",
     "parse_event_bytes",
+    "parse_record",
 ]
 
 log = structlog.get_logger(__name__)
@@ -99,6 +109,27 @@ SkipCheck = Callable[[str, str | None, str, str], bool]
 event with these fields is not sampled (``MonitorService.skip_unsampled``)."""
 
 
+def _decoded(value: bytes | None, max_bytes: int) -> Any:
+    """A record value's JSON object, decoded by msgspec; the value itself where msgspec
+    refuses it (``parse_event`` then decides and names the reason)."""
+    if _fast_decode is not None and value is not None and len(value) <= max_bytes:
+        try:
+            obj = _fast_decode(value)
+        except (_FastDecodeError, ValueError, RecursionError):  # UnicodeDecodeError too
+            pass
+        else:
+            if type(obj) is dict:
+                return obj
+    return value
+
+
+def _parsed(raw: Any, max_bytes: int) -> TrafficEvent:
+    try:
+        return parse_event(raw, max_bytes=max_bytes)
+    except RecursionError:  # parse_event lets json's nesting limit through
+        raise InputError("invalid JSON: nested too deeply") from None
+
+
 def parse_event_bytes(value: bytes | None, max_bytes: int = MAX_EVENT_BYTES) -> TrafficEvent:
     """:func:`monitor.core.events.parse_event` on a record value, with a faster JSON decoder.
 
@@ -109,24 +140,34 @@ def parse_event_bytes(value: bytes | None, max_bytes: int = MAX_EVENT_BYTES) -> 
     msgspec raises ``UnicodeDecodeError`` (not its ``DecodeError``) for invalid UTF-8
     inside a string, and may raise other errors: every refusal falls back alike.
     """
-    raw: Any = value
-    if _fast_decode is not None and value is not None and len(value) <= max_bytes:
-        try:
-            obj = _fast_decode(value)
-        except (_FastDecodeError, ValueError, RecursionError):  # UnicodeDecodeError too
-            pass
-        else:
-            if type(obj) is dict:
-                raw = obj
-    try:
-        return parse_event(raw, max_bytes=max_bytes)
-    except RecursionError:  # parse_event lets json's nesting limit through
-        raise InputError("invalid JSON: nested too deeply") from None
+    return _parsed(_decoded(value, max_bytes), max_bytes)
 
 
-def admit_record(record: Any, sink: EventSink, source: str, max_bytes: int) -> Admission | str:
-    """Parse one record's value and offer the event: the sink's :class:`Admission`, or
-    the reason it is rejected (to be counted and dead-lettered).
+def parse_record(
+    value: bytes | None,
+    max_bytes: int = MAX_EVENT_BYTES,
+    attribute_keys: frozenset[str] = frozenset(),
+) -> TrafficEvent | SpanBatch:
+    """A record value as :func:`parse_event_bytes` reads it, or, an event of ``"format":
+    "otlp"``, its OTLP JSON ``ResourceSpans`` read by the span reader
+    (:func:`~monitor.core.traces.traffic.read_resource_spans`, with the attributes some
+    task matches on); :class:`InputError` for either that does not decode."""
+    raw = _decoded(value, max_bytes)
+    if type(raw) is dict and raw.get("format") == OTLP_FORMAT:
+        return read_resource_spans(raw, attribute_keys)
+    return _parsed(raw, max_bytes)
+
+
+def admit_record(
+    record: Any,
+    sink: EventSink,
+    source: str,
+    max_bytes: int,
+    attribute_keys: frozenset[str] = frozenset(),
+) -> Admission | SpanBatch | str:
+    """Parse one record's value and offer the event: the sink's :class:`Admission`, the
+    spans of a format ``otlp`` record (the caller offers their events), or the reason it
+    is rejected (to be counted and dead-lettered).
 
     Never raises for one record: an :class:`InputError` gives its message; any other
     exception (a bug, here or in the sink) gives ``internal error: <type>`` and is
@@ -134,7 +175,10 @@ def admit_record(record: Any, sink: EventSink, source: str, max_bytes: int) -> A
     ``Exception``: it goes through.
     """
     try:
-        admission = sink(parse_event_bytes(record.value, max_bytes), source)
+        parsed = parse_record(record.value, max_bytes, attribute_keys)
+        if isinstance(parsed, SpanBatch):
+            return parsed
+        admission = sink(parsed, source)
     except InputError as exc:
         return str(exc)
     except Exception as exc:
@@ -178,6 +222,8 @@ class KafkaEventSource(KafkaConsumerBase):
         lag_interval_s: float = 5.0,
         offset_resets: Any = None,
         skip: SkipCheck | None = None,
+        count_api: Callable[[str, str], None] | None = None,
+        attribute_keys: frozenset[str] = frozenset(),
         **consumer_options: Any,
     ) -> None:
         consumer_options.setdefault("max_partition_fetch_bytes", FETCH_PARTITION_BYTES)
@@ -201,6 +247,11 @@ class KafkaEventSource(KafkaConsumerBase):
         self._max_event_bytes = max_event_bytes
         self._held: dict[Any, deque[Any]] = {}
         """Records of paused partitions not offered yet (the service was busy), in order."""
+        self._count_api = count_api
+        self._attribute_keys = attribute_keys
+        self._offered: dict[Any, tuple[int, int]] = {}
+        """Per paused partition whose first held record is of format ``otlp``: that
+        record's offset and how many of its events went before the service was busy."""
 
     async def _process(self, tp: Any, records: Sequence[Any]) -> None:
         st = self._progress(tp)
@@ -223,7 +274,11 @@ class KafkaEventSource(KafkaConsumerBase):
         for i, record in enumerate(records):
             if skip is not None and skipped_at_once(record, skip, name, max_bytes):
                 continue
-            admission = admit_record(record, sink, name, max_bytes)
+            admission = admit_record(record, sink, name, max_bytes, self._attribute_keys)
+            if isinstance(admission, SpanBatch):
+                if not await self._offer_spans(tp, st, records, i, admission):
+                    return  # held, failing or revoked
+                continue
             if isinstance(admission, str):  # rejected: the reason
                 await self._dead_letter(st, record, admission)
                 if self._failure is not None or self._parts.get(tp) is not st:
@@ -236,6 +291,41 @@ class KafkaEventSource(KafkaConsumerBase):
             if done is not None and not done.done():
                 pending.append((record.offset, done))
         st.next_offset = records[-1].offset + 1
+
+    async def _offer_spans(
+        self, tp: Any, st: PartitionProgress, records: Sequence[Any], i: int, batch: SpanBatch
+    ) -> bool:
+        """Offer the events of ``records[i]``, a format ``otlp`` record (``batch``), in
+        order: each sampled one's offset done when its item is; its inference spans
+        without content counted ``unmonitored``; the record dead-lettered (once) when
+        one of its spans, or an event the service refused, was rejected. False when the
+        partition stops here: the service was busy (the record and the rest held, to go
+        on from the first event not offered), or the source is failing or revoked."""
+        record, name = records[i], self.source_name
+        resumed = self._offered.pop(tp, None)
+        start = resumed[1] if resumed is not None and resumed[0] == record.offset else None
+        if start is None and batch.no_content and self._count_api is not None:
+            for _ in range(batch.no_content):
+                self._count_api(name, UNMONITORED)
+        reason = batch.rejected
+        for j in range(start or 0, len(batch.events)):
+            try:
+                admission = self._sink(batch.events[j], name)
+            except Exception as exc:
+                reason = reason or record_failed(record, exc, "kafka.event_failed")
+                continue
+            if admission.decision == "busy":
+                self._offered[tp] = (record.offset, j)
+                self._hold(tp, st, records[i:])
+                return False
+            if admission.decision == "rejected":  # an API its task cannot re-ask in
+                reason = reason or admission.reason or "rejected"
+            elif admission.done is not None and not admission.done.done():
+                st.pending.append((record.offset, admission.done))
+        if reason is not None:
+            await self._dead_letter(st, record, reason)
+            return self._failure is None and self._parts.get(tp) is st
+        return True
 
     @property
     def paused(self) -> bool:
@@ -268,11 +358,14 @@ class KafkaEventSource(KafkaConsumerBase):
         await super()._on_revoked(revoked)
         for tp in revoked:
             self._held.pop(tp, None)
+            self._offered.pop(tp, None)
 
     def _forget_progress(self) -> None:
         self._held.clear()
+        self._offered.clear()
 
     def _forget_partition(self, tp: Any) -> None:
         """A position reset: the held records belong to the old log; fetch again."""
+        self._offered.pop(tp, None)
         if self._held.pop(tp, None) is not None and tp in self._consumer.assignment():
             self._consumer.resume(tp)

@@ -12,10 +12,10 @@ GenAI log records (``gen_ai.*`` events) join their span; a record naming no span
 rejected; other records are not relmon's (ignored).
 
 When a span's wait is over (:meth:`OtlpIntake.tick`, every ``tick_s``) it is read with
-its records: ``no_content`` counts as an unmonitored event, ``read`` becomes a
-:class:`~monitor.core.events.TrafficEvent` (its draw from its trace id, so a trace is
-sampled whole) offered with ``wait``: one the service has no room for yet stays held,
-in order, and is offered again at the next tick (the budget's pace, as a Kafka source).
+its records: ``no_content`` counts as an unmonitored event, ``read`` becomes a traffic
+event (:func:`~monitor.core.traces.traffic.span_event`: its draw from its trace id, so a
+trace is sampled whole) offered with ``wait``: one the service has no room for yet stays
+held, in order, and is offered again at the next tick (the budget's pace, as a Kafka source).
 At most ``queue_size`` spans are held (waiting for records or for room): past that a
 request is refused (the receiver answers 429), or, when it went on to ``forward_to``
 anyway, its inference spans are counted ``dropped``.
@@ -28,17 +28,16 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from datetime import UTC, datetime
 from typing import Protocol
 
 import structlog
 
 from monitor.core.errors import InputError
-from monitor.core.events import TrafficEvent, event_from_request
+from monitor.core.events import TrafficEvent
 from monitor.core.traces.join import LogJoiner
-from monitor.core.traces.sampling import trace_draw
 from monitor.core.traces.shapes import SpanCall, is_inference, provider_api, read_span
 from monitor.core.traces.spans import LogRecord, Span
+from monitor.core.traces.traffic import span_event
 from monitor.engine.metrics import UNMONITORED
 from monitor.engine.otlp_metrics import OtlpMetrics
 from monitor.engine.ports import Admission
@@ -206,7 +205,7 @@ class OtlpIntake:
             self._count(span, call)
             return
         try:
-            event = self._event(span, call)
+            event = span_event(span, call, self._keys)
         except InputError as exc:
             self._count(span, replace(call, outcome="rejected", reason=str(exc)))
             return
@@ -222,24 +221,6 @@ class OtlpIntake:
         elif call.outcome == "rejected":
             self._reject(SOURCE, f"span {call.reason}")
 
-    def _event(self, span: Span, call: SpanCall) -> TrafficEvent:
-        assert call.request is not None and call.api is not None  # a read span's
-        event = event_from_request(
-            f"{span.trace_id}-{span.span_id}",
-            call.request,
-            response_text=call.served,
-            draw=trace_draw(span.trace_id),
-            api=call.api,
-            path=call.path,
-        )
-        return replace(
-            event,
-            ts=datetime.fromtimestamp(call.start_ns / 1e9, UTC) if call.start_ns else None,
-            attributes=_matched(self._keys, span),
-            unrecorded=call.unrecorded,
-            served_tool_call=call.served_tool_call,
-        )
-
     def _offer_now(self, event: TrafficEvent, *, wait: bool) -> str:
         admission = self._offer(event, SOURCE, wait=wait)
         if admission.decision == "rejected":
@@ -251,15 +232,6 @@ class OtlpIntake:
         if dropped:
             self._metrics.log_records.labels("dropped").inc(dropped)
             self._dropped_records = self._joiner.dropped_records
-
-
-def _matched(keys: frozenset[str], span: Span) -> Mapping[str, object] | None:
-    """The span's and its resource's attributes some task matches on (the span's win)."""
-    if not keys:
-        return None
-    found = {k: span.resource[k] for k in keys if k in span.resource}
-    found.update((k, span.attributes[k]) for k in keys if k in span.attributes)
-    return found
 
 
 def _why(rejected: Mapping[str, int], what: str) -> str:

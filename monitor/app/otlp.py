@@ -4,6 +4,7 @@ other sources (docs/opentelemetry.md, "Traces as a source")."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from adapters.otlp.intake import SOURCE, OtlpIntake
 from adapters.otlp.receiver import OtlpReceiver
@@ -12,9 +13,19 @@ from monitor.engine.metrics import Metrics
 from monitor.engine.ports import Source
 from monitor.engine.service import MonitorService
 
-__all__ = ["start_otlp"]
+__all__ = ["kafka_span_options", "start_otlp"]
 
 Listen = Callable[[str, str, int, Callable[[], Awaitable[None]]], Awaitable[None]]
+
+
+def kafka_span_options(service: MonitorService) -> dict[str, Any]:
+    """What the Kafka source needs to read events of ``"format": "otlp"`` as the
+    receiver reads spans: where to count an inference span without content
+    (``unmonitored``), and the attributes some task matches on."""
+    return {
+        "count_api": service.admission.count_api,
+        "attribute_keys": service.router.attribute_keys,
+    }
 
 
 async def start_otlp(

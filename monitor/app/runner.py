@@ -32,7 +32,7 @@ from adapters.review.review_page import ReviewPage
 from adapters.traffic.dataplane import DataPlaneProcess
 from adapters.traffic.traffic import TrafficServer
 from monitor.app import dataplane
-from monitor.app.otlp import start_otlp
+from monitor.app.otlp import kafka_span_options, start_otlp
 from monitor.app.supervision import supervise
 from monitor.app.validation import validate_settings
 from monitor.app.wiring import (
@@ -391,6 +391,7 @@ async def _start_kafka_source(
         lag_gauge=metrics.kafka_consumer_lag,
         offset_resets=metrics.kafka.offset_resets,
         skip=service.skip_unsampled,
+        **kafka_span_options(service),
         **kafka_options,
         **group_options(kafka),
     )

@@ -31,6 +31,11 @@ dropped), so that it is counted (``relmon_reask_overrides_total{field}``) and sh
 the reviewer. Values in changes are summarised (:func:`shown_value`): numbers, booleans
 and model names as they are, anything else as its kind and size, so that no user id,
 metadata or prompt-like text leaves through them.
+
+A request read from a span may lack answer-shaping fields production sent (the span did
+not record them: ``tools``, ``response_format``, ``stop`` …). Their re-ask cannot
+repeat them, and says so (:func:`with_unrecorded`): each is a change
+``{"unrecorded": true}`` (:data:`UNRECORDED`), beside a change the task made to it.
 """
 
 from __future__ import annotations
@@ -42,9 +47,12 @@ from typing import Any, Final
 from monitor.core.errors import ConfigError
 
 __all__ = [
+    "CHANGED",
     "CHAT_RULES",
     "DROPPED_FIELDS",
     "OWN_FIELDS",
+    "TOOLS_UNRECORDED",
+    "UNRECORDED",
     "FieldRules",
     "Reask",
     "ReaskPolicy",
@@ -52,6 +60,7 @@ __all__ = [
     "override_fields",
     "reask_request",
     "shown_value",
+    "with_unrecorded",
 ]
 
 DROPPED_FIELDS: Final = (
@@ -66,6 +75,14 @@ DROPPED_FIELDS: Final = (
 """Fields a re-ask never resends (see the module docstring)."""
 OWN_FIELDS: Final = ("n", "stream", "stream_options")
 """Fields relmon sets itself on every call: not part of the measured request."""
+CHANGED: Final = "changed"
+UNRECORDED: Final = "unrecorded"
+"""``relmon_reask_overrides_total{change}`` values: a field the re-ask dropped, raised or
+set (``changed``), or one production may have sent that its span did not record."""
+TOOLS_UNRECORDED: Final = "tools_unrecorded"
+"""The ``relmon_not_reasked_total{reason}`` of a span whose served answer is a tool call
+and whose tool definitions were not recorded: a re-ask without them asks another
+question."""
 _BUILT: Final = frozenset({"messages", "model"})
 """A request with only these fields is built by relmon (the task's defaults apply)."""
 
@@ -139,6 +156,17 @@ def override_fields(
         if r.temperature is not None:
             names.add(r.temperature)
     return tuple(sorted(names))
+
+
+def with_unrecorded(
+    changes: Mapping[str, Mapping[str, Any]], unrecorded: Sequence[str]
+) -> dict[str, dict[str, Any]]:
+    """``changes`` with each ``unrecorded`` field marked ``"unrecorded": True`` (a field
+    the task also changed keeps its ``from`` / ``to``)."""
+    out = {name: dict(change) for name, change in changes.items()}
+    for name in unrecorded:
+        out.setdefault(name, {})[UNRECORDED] = True
+    return out
 
 
 def shown_value(name: str, value: Any) -> Any:

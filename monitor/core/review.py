@@ -19,13 +19,14 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from monitor.core.canon.base import INVALID, Canonicalizer, QueryContext
 from monitor.core.conformal import quantile_index
 from monitor.core.consensus import Consensus
 from monitor.core.errors import InputError, TooLargeError
 from monitor.core.events import is_text
+from monitor.core.reask import UNRECORDED
 from monitor.core.scores import rank_score
 from monitor.core.segments.labels import LABEL_PATTERN
 
@@ -68,15 +69,27 @@ MAX_ACCEPTED_RANKS = 200
 """Entries of ``accepted_ranks``: an item has at most ``k_max`` <= 200 candidates."""
 
 
+_CHANGE_KEYS: Final = ("from", "to")
+
+
 def _reask_changes(raw: Any) -> dict[str, dict[str, Any]]:
-    """A review item's ``reask_changes`` (absent in items written before it existed)."""
+    """A review item's ``reask_changes`` (absent in items written before it existed):
+    field -> ``from`` / ``to``, and ``"unrecorded": true`` for a field its span did not
+    record (:func:`~monitor.core.reask.with_unrecorded`)."""
     if raw is None:
         return {}
     if not isinstance(raw, Mapping) or not all(
         isinstance(k, str) and isinstance(v, Mapping) for k, v in raw.items()
     ):
         raise InputError("reask_changes must map field names to {from, to}")
-    return {k: {kk: vv for kk, vv in v.items() if kk in ("from", "to")} for k, v in raw.items()}
+    return {
+        k: {
+            kk: vv
+            for kk, vv in v.items()
+            if kk in _CHANGE_KEYS or (kk == UNRECORDED and vv is True)
+        }
+        for k, v in raw.items()
+    }
 
 
 def _served_rank(raw: Any, candidates: int) -> int | None:

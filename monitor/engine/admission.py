@@ -18,6 +18,7 @@ from monitor.core.apis.paths import UNSAFE_PATH
 from monitor.core.apis.registry import DEFAULT_API, path_refused
 from monitor.core.errors import InputError
 from monitor.core.events import TrafficEvent
+from monitor.core.reask import TOOLS_UNRECORDED
 from monitor.core.sampler import CallBudget, SampleKey, sampled
 from monitor.engine.logs import ThrottledLog
 from monitor.engine.metrics import UNMONITORED, Metrics
@@ -121,8 +122,8 @@ class AdmissionControl:
         not one path segment, no model at all): rejected; one that must not
         be re-asked (``not_reasked``, by reason: a target a client shaped to go
         elsewhere, :func:`~monitor.core.apis.paths.unsafe_path`, or, generic, a path
-        outside the task's ``match.path_prefix``; a conversation, a provider-run tool);
-        None: it may be."""
+        outside the task's ``match.path_prefix``; a conversation, a provider-run tool; a
+        span's tool-call answer to tools it did not record); None: it may be."""
         try:
             api = task.api(event)
             if isinstance(api, GenericApi):  # its rules are its task's: checked here
@@ -136,6 +137,8 @@ class AdmissionControl:
             reason: str | None = UNSAFE_PATH
         else:
             reason = api.not_reasked(event.request, task.server_tools)
+        if reason is None and event.served_tool_call and "tools" in event.unrecorded:
+            reason = TOOLS_UNRECORDED
         if reason is None:
             return None
         self.count(source, "not_reasked")

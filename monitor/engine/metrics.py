@@ -27,6 +27,7 @@ from prometheus_client.registry import Collector
 
 from monitor.core.apis.registry import API_NAMES
 from monitor.core.ppi import PPIEstimate
+from monitor.core.reask import CHANGED, TOOLS_UNRECORDED
 from monitor.core.window import WindowSnapshot
 from monitor.engine.kafka_metrics import KafkaMetrics
 from monitor.engine.otlp_metrics import OtlpMetrics
@@ -59,9 +60,9 @@ TRAFFIC_DECISIONS: Final = (
 )
 """``relmon_traffic_events_total{decision}`` values (see :data:`monitor.engine.ports.Decision`)."""
 UNMONITORED: Final = "unmonitored"
-NOT_REASKED_REASONS: Final = ("conversation", "server_tool", "unsafe_path")
+NOT_REASKED_REASONS: Final = ("conversation", "server_tool", "unsafe_path", TOOLS_UNRECORDED)
 """``relmon_not_reasked_total{reason}`` values (``unsafe_path``:
-:data:`monitor.core.apis.paths.UNSAFE_PATH`)."""
+:data:`monitor.core.apis.paths.UNSAFE_PATH`; ``tools_unrecorded``: a span's)."""
 TRAFFIC_APIS: Final = (*API_NAMES, UNMONITORED)
 """``relmon_traffic_requests_total{api}`` values: every wire API, and ``unmonitored``."""
 ITEM_OUTCOMES: Final = ("scored", "abandoned", "interrupted")
@@ -257,15 +258,17 @@ class Metrics:
             "relmon_not_reasked",
             "Sampled requests relmon must not repeat, by reason: conversation (a re-ask "
             "would append to the user's conversation), server_tool (a tool the provider "
-            "runs would run again; reask.server_tools lists read-only ones).",
+            "runs would run again; reask.server_tools lists read-only ones), unsafe_path, "
+            "tools_unrecorded (a span's tool-call answer, its tool definitions not recorded).",
             (*mt, "reason"),
             registry=registry,
         )
         self.reask_overrides = Counter(
             "relmon_reask_overrides",
-            "Sampled items whose re-ask changed this field of the production request "
-            "(dropped, raised or set; docs/cost.md), once per item and field.",
-            (*mt, "field"),
+            "Sampled items whose re-ask differs from the production request in this field, "
+            "once per item, field and change: changed (dropped, raised or set; "
+            "docs/cost.md) or unrecorded (a span that did not record it).",
+            (*mt, "field", "change"),
             registry=registry,
         )
         self.model_calls = Counter(
@@ -422,7 +425,7 @@ class Metrics:
         for outcome in call_outcomes:
             self.model_calls.labels(model, task, outcome)
         for name in reask_fields:
-            self.reask_overrides.labels(model, task, name)
+            self.reask_overrides.labels(model, task, name, CHANGED)
         for reason in NOT_REASKED_REASONS:
             self.not_reasked.labels(model, task, reason)
         for outcome in ITEM_OUTCOMES:

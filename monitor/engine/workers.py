@@ -8,10 +8,11 @@ budget with the calls it used and resolves its ``done`` future.
 
 **The served answer** (the event's ``response_text``: what production answered) goes
 through the same redaction and canonicalization as the re-asks' answers. When the
-re-ask is the production request unchanged (no field dropped, raised or set, the same
-model), it is a draw of the same distribution: the first one, which the stopping rule
-sees, so the re-asks make one draw fewer (the budget settles the calls made, not the
-draws). Otherwise its class is only offered for review, outside the ranking.
+re-ask is the production request unchanged (no field dropped, raised or set, none its
+span did not record, the same model), it is a draw of the same distribution: the first
+one, which the stopping rule sees, so the re-asks make one draw fewer (the budget
+settles the calls made, not the draws). Otherwise its class is only offered for
+review, outside the ranking.
 
 **The segment** of an item of a task with ``segments`` is fixed once the item is ranked,
 before its inclusion probability is decided
@@ -37,7 +38,7 @@ from monitor.core.certify import item_rng
 from monitor.core.consensus import Consensus, rank_classes
 from monitor.core.errors import InputError, ModelCallError, StoreError
 from monitor.core.events import query_hash, query_text
-from monitor.core.reask import reask_request
+from monitor.core.reask import CHANGED, UNRECORDED, reask_request, with_unrecorded
 from monitor.core.redaction import Redactor
 from monitor.core.sampler import CallBudget
 from monitor.core.scores import set_size
@@ -223,9 +224,12 @@ class WorkerPool:
         route = carried(
             api.route(event.request, event.path, task.settings.endpoint.model), event.headers
         )
-        job.reask_changes = reask.changes
+        job.reask_changes = with_unrecorded(reask.changes, event.unrecorded)
+        overrides = self.metrics.reask_overrides
         for name in reask.changes:
-            self.metrics.reask_overrides.labels(task.model, task.name, name).inc()
+            overrides.labels(task.model, task.name, name, CHANGED).inc()
+        for name in event.unrecorded:
+            overrides.labels(task.model, task.name, name, UNRECORDED).inc()
         served = event.response_text
         drawn = served is not None and served_is_draw(job, api, route)
         if drawn and served is not None:
@@ -413,9 +417,10 @@ class WorkerPool:
 def served_is_draw(job: Job, api: WireApi, route: Route) -> bool:
     """Whether the served answer is one of the item's draws: the re-ask is the production
     request unchanged (no field dropped, raised or set; relmon's own ``n`` and ``stream``
-    aside) and goes to the model production asked (a task's ``endpoint.model`` that
-    differs shows in the changes, or, where the model is in the path, in the route)."""
-    if job.event.response_text is None or job.reask_changes:
+    aside; none its span did not record) and goes to the model production asked (a
+    task's ``endpoint.model`` that differs shows in the changes, or, where the model is in
+    the path, in the route)."""
+    if job.event.response_text is None or job.reask_changes or job.event.unrecorded:
         return False
     model = job.task.settings.endpoint.model
     if model is None or api.rules.model is not None:

@@ -68,7 +68,7 @@ async def reasks_of(
 
 
 def overrides(r: Relmon, task: str, field: str) -> float:
-    labels = {"model": MODELS[task], "task": task, "field": field}
+    labels = {"model": MODELS[task], "task": task, "field": field, "change": "changed"}
     return value(r.running, "relmon_reask_overrides_total", **labels)
 
 

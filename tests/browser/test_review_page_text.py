@@ -33,6 +33,8 @@ HOSTILE = replace(
         "top_k": {"to": 40},
         "metadata": {"from": "<object, 2 keys>"},
         "model": {"from": f"gpt{RLO}-4o", "to": "gpt-4o-mini"},
+        "tools": {"unrecorded": True},
+        "stop": {"to": "<list, 1 items>", "unrecorded": True},
     },
 )
 REVIEWER = f"Ada{RLO} Lovelace"
@@ -102,8 +104,11 @@ def test_user_and_model_text_is_isolated_and_reask_changes_are_shown(
             "top_k: not sent → 40",
             "metadata: <object, 2 keys> → dropped",
             f"model: gpt{RLO}-4o → gpt-4o-mini",
+            "unrecorded: tools",
+            "unrecorded: stop (re-asked with <list, 1 items>)",
         ]
         assert shown["reask"][4]["parts"] == ["model", f"gpt{RLO}-4o", "gpt-4o-mini"]
+        assert shown["reask"][5]["parts"] == ["tools"]
 
         # The next item has no reask_changes: the list is hidden.
         page.keyboard.press("1")

@@ -123,7 +123,7 @@ async def _run(url: str, canonicalizer: str, requests: list[dict[str, Any]], **t
 
 
 def _overrides(registry: CollectorRegistry, name: str) -> float | None:
-    labels = {"model": "m-7b", "task": "agent", "field": name}
+    labels = {"model": "m-7b", "task": "agent", "field": name, "change": "changed"}
     return registry.get_sample_value("relmon_reask_overrides_total", labels)
 
 

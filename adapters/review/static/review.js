@@ -176,8 +176,16 @@
     for (const [field, raw] of Object.entries(changes)) {
       const change = raw && typeof raw === "object" ? raw : {};
       const li = document.createElement("li");
-      li.append(bdi(field), ": ", reaskValue(change, "from", "not sent"), " \u2192 ",
-                reaskValue(change, "to", "dropped"));
+      if (change.unrecorded === true) {  // a span that did not record this field
+        li.append("unrecorded: ", bdi(field));
+        if (Object.prototype.hasOwnProperty.call(change, "to")) {
+          li.append(" (re-asked with ", reaskValue(change, "to", ""), ")");
+        }
+        li.title = "Not recorded in the trace: production may have sent it, the re-asks did not.";
+      } else {
+        li.append(bdi(field), ": ", reaskValue(change, "from", "not sent"), " \u2192 ",
+                  reaskValue(change, "to", "dropped"));
+      }
       list.append(li);
     }
     $("reask-box").hidden = list.children.length === 0;

@@ -714,6 +714,9 @@ def test_docs_deploy_names_the_values_for_real_clusters() -> None:
         "topologySpreadConstraints",
         "secret.queryHashKey",
         "kafka.maxEventBytes",
+        "traffic.routes",
+        "traffic.otlp.enabled",
+        "networkPolicy.otlpFrom",
     ):
         assert f"`{key}" in text, key
 

@@ -60,6 +60,29 @@ relmon.yaml's review section: listener, backend, who the reviewer is, leases.
 {{- end }}
 
 {{/*
+relmon.yaml's traffic.otlp: the receiver's listener, and each setting only when given
+(null or "": relmon's default).
+*/}}
+{{- define "relmon.otlpConfig" -}}
+{{- $o := .Values.traffic.otlp }}
+{{- $otlp := dict "enabled" true "host" (include "relmon.otlpHost" .) "port" (int .Values.ports.otlp) }}
+{{- if $o.forwardTo }}
+{{- $_ := set $otlp "forward_to" $o.forwardTo }}
+{{- end }}
+{{- range $name, $field := dict "maxBodyBytes" "max_body_bytes" "maxWaitingSpans" "max_waiting_spans" "queueSize" "queue_size" }}
+{{- if not (kindIs "invalid" (index $o $name)) }}
+{{- $_ := set $otlp $field (int (index $o $name)) }}
+{{- end }}
+{{- end }}
+{{- range $name, $field := dict "forwardTimeoutSeconds" "forward_timeout_s" "joinSeconds" "join_s" }}
+{{- if not (kindIs "invalid" (index $o $name)) }}
+{{- $_ := set $otlp $field (index $o $name) }}
+{{- end }}
+{{- end }}
+{{- toYaml $otlp }}
+{{- end }}
+
+{{/*
 relmon.yaml: the user's config with the chart-managed keys set from the values.
 */}}
 {{- define "relmon.configFile" -}}
@@ -75,6 +98,12 @@ relmon.yaml: the user's config with the chart-managed keys set from the values.
 {{- if not (kindIs "invalid" (index $t $name)) }}
 {{- $_ := set $traffic $field (index $t $name) }}
 {{- end }}
+{{- end }}
+{{- with $t.routes }}
+{{- $_ := set $traffic "routes" . }}
+{{- end }}
+{{- if include "relmon.otlp" . }}
+{{- $_ := set $traffic "otlp" (include "relmon.otlpConfig" . | fromYaml) }}
 {{- end }}
 {{- $_ := set $cfg "traffic" $traffic }}
 {{- $_ := set $cfg "kafka" (include "relmon.kafkaConfig" . | fromYaml) }}

@@ -2,12 +2,13 @@
 The readiness probe's path. /readyz is 503 while monitoring is stopped (an open or
 half-open circuit breaker, a broker gone); /readyz/traffic only while relmon starts or
 stops. /readyz is used only where relmon pulls its traffic from Kafka (standalone,
-traffic.mode "off"): readiness does not stop a consumer, so the next event still comes,
-its first call is the circuit breaker's trial and monitoring recovers by itself.
-Everything fed through a Service or a pod uses /readyz/traffic:
-- mirror (the default): an unready pod is removed from the Service, mirrored copies stop
-  arriving, no item means no trial call, so the circuit never closes and the pod never
-  becomes ready again (and reviewers lose the review API on the same Service);
+traffic.mode "off", no OTLP receiver): readiness does not stop a consumer, so the next
+event still comes, its first call is the circuit breaker's trial and monitoring recovers
+by itself. Everything fed through a Service or a pod uses /readyz/traffic:
+- mirror (the default) and OTLP: an unready pod is removed from the Service, mirrored
+  copies (or exported spans) stop arriving, no item means no trial call, so the circuit
+  never closes and the pod never becomes ready again (and reviewers lose the review API
+  on the same Service);
 - proxy: relmon is in the live path, the application's traffic would stop too;
 - sidecar: its readiness is its whole pod's, the application's (and it has a readiness
   probe at all only as a proxy).
@@ -15,7 +16,7 @@ Everything fed through a Service or a pod uses /readyz/traffic:
 {{- define "relmon.readinessPath" -}}
 {{- if .Values.probes.readinessPath -}}
 {{ .Values.probes.readinessPath }}
-{{- else if and (eq .Values.mode "standalone") (eq .Values.traffic.mode "off") -}}
+{{- else if and (eq .Values.mode "standalone") (eq .Values.traffic.mode "off") (not (include "relmon.otlp" .)) -}}
 /readyz
 {{- else -}}
 /readyz/traffic
@@ -59,6 +60,11 @@ liveness waits probes.startupTimeoutSeconds before its first check.
     {{- if ne $v.traffic.mode "off" }}
     - name: relmon-traffic
       containerPort: {{ $v.ports.traffic }}
+      protocol: TCP
+    {{- end }}
+    {{- if include "relmon.otlp" $root }}
+    - name: relmon-otlp
+      containerPort: {{ $v.ports.otlp }}
       protocol: TCP
     {{- end }}
   {{- with $v.extraEnv }}

@@ -96,6 +96,11 @@ Predicates: each is "true" or "".
 {{- if and (eq .Values.store.backend "postgres") .Values.store.existingSecret }}true{{ end }}
 {{- end }}
 
+{{/* relmon receives OTLP/HTTP traces and logs (traffic.otlp.enabled). */}}
+{{- define "relmon.otlp" -}}
+{{- if .Values.traffic.otlp.enabled }}true{{ end }}
+{{- end }}
+
 {{/* A Service with the review port is rendered. */}}
 {{- define "relmon.reviewService" -}}
 {{- if and .Values.service.enabled (include "relmon.reviewApi" .) }}true{{ end }}
@@ -107,7 +112,8 @@ Predicates: each is "true" or "".
 {{- end }}
 
 {{/*
-Bind hosts, one per listener (relmon's metrics.host, review.host, traffic.host).
+Bind hosts, one per listener (relmon's metrics.host, review.host, traffic.host,
+traffic.otlp.host).
 */}}
 {{- define "relmon.metricsHost" -}}
 {{- .Values.hosts.metrics | default "0.0.0.0" }}
@@ -126,6 +132,16 @@ Bind hosts, one per listener (relmon's metrics.host, review.host, traffic.host).
 {{- define "relmon.trafficHost" -}}
 {{- if .Values.hosts.traffic }}
 {{- .Values.hosts.traffic }}
+{{- else if include "relmon.sidecarMode" . }}
+{{- "127.0.0.1" }}
+{{- else }}
+{{- "0.0.0.0" }}
+{{- end }}
+{{- end }}
+
+{{- define "relmon.otlpHost" -}}
+{{- if .Values.hosts.otlp }}
+{{- .Values.hosts.otlp }}
 {{- else if include "relmon.sidecarMode" . }}
 {{- "127.0.0.1" }}
 {{- else }}

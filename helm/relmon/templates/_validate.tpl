@@ -47,13 +47,19 @@ store.backend postgres, or review.backend kafka.
 {{- else if .Values.store.existingSecret }}
 {{- fail "store.existingSecret is set but store.backend is not postgres" }}
 {{- end }}
-{{- if and (eq .Values.traffic.mode "proxy") (not .Values.traffic.upstreamUrl) }}
-{{- fail "traffic.mode: proxy needs traffic.upstreamUrl" }}
+{{- if and (eq .Values.traffic.mode "proxy") (not .Values.traffic.upstreamUrl) (not .Values.traffic.routes) }}
+{{- fail "traffic.mode: proxy needs traffic.upstreamUrl or traffic.routes" }}
+{{- end }}
+{{- if and .Values.traffic.routes (ne .Values.traffic.mode "proxy") }}
+{{- fail "traffic.routes are the proxy's upstreams: set traffic.mode: proxy" }}
+{{- end }}
+{{- if and (include "relmon.otlp" .) (has (int .Values.ports.otlp) (list (int .Values.ports.metrics) (int .Values.ports.review) (int .Values.ports.traffic))) }}
+{{- fail (printf "ports.otlp %d is another listener's port: give the OTLP receiver a port of its own" (int .Values.ports.otlp)) }}
 {{- end }}
 {{- include "relmon.validateReviewAuth" . }}
 {{- include "relmon.validateKafka" . }}
-{{- if and (eq .Values.mode "standalone") (eq .Values.traffic.mode "off") (not .Values.kafka.enabled) }}
-{{- fail "standalone relmon needs a traffic source: traffic.mode mirror/proxy or kafka.enabled" }}
+{{- if and (eq .Values.mode "standalone") (eq .Values.traffic.mode "off") (not .Values.kafka.enabled) (not (include "relmon.otlp" .)) }}
+{{- fail "standalone relmon needs a traffic source: traffic.mode mirror/proxy, traffic.otlp.enabled or kafka.enabled" }}
 {{- end }}
 {{- if and $sidecar .Values.service.enabled (include "relmon.reviewApi" .) (empty .Values.sidecar.podSelector) }}
 {{- fail "the review Service in sidecar mode selects your application's pods: set sidecar.podSelector to their labels (e.g. {app.kubernetes.io/name: my-app}), or service.enabled: false" }}
@@ -87,6 +93,7 @@ store.backend postgres, or review.backend kafka.
 {{- $reached := dict "metrics" (include "relmon.metricsHost" .) }}
 {{- if include "relmon.reviewApi" . }}{{ $_ := set $reached "review" (include "relmon.reviewHost" .) }}{{ end }}
 {{- if ne .Values.traffic.mode "off" }}{{ $_ := set $reached "traffic" (include "relmon.trafficHost" .) }}{{ end }}
+{{- if include "relmon.otlp" . }}{{ $_ := set $reached "otlp" (include "relmon.otlpHost" .) }}{{ end }}
 {{- range $listener, $host := $reached }}
 {{- if include "relmon.isLoopback" $host }}
 {{- fail (printf "the Service cannot reach relmon's %s port bound to %s: set hosts.%s: 0.0.0.0 (or \"\"), or service.enabled: false" $listener $host $listener) }}

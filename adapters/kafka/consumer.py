@@ -27,6 +27,7 @@ from adapters.kafka.connection import (
     close_clients,
     dead_letter_headers,
     has_live_connection,
+    lost_commits,
     note_offset_reset,
     throttled_log,
     unless_stopping,
@@ -41,6 +42,7 @@ log = structlog.get_logger("adapters.kafka.source")
 _POLL_MAX_S = 0.25
 _REJOIN_MIN_INTERVAL_S = METADATA_MAX_AGE_MS / 1000
 _DLQ_OVERHEAD_BYTES = 64 * 1024
+_CHECK_COMMITS_TIMEOUT_S = 5.0
 
 
 class PartitionProgress:
@@ -145,12 +147,13 @@ class KafkaConsumerBase(ABC):
         self._closed = False
         self.commit_failures = 0
         """Commits that failed (retried at the next interval); for tests and logs."""
-        self.lag = ConsumerLag(
-            lag_gauge, lag_interval_s, self._first_not_done, self._reset_past_end
-        )
+        hooks = (self._first_not_done, self._reset_past_end, self._check_commits)
+        self.lag = ConsumerLag(lag_gauge, lag_interval_s, *hooks)
         self._offset_resets_metric = offset_resets
         self.offset_resets: dict[Any, int] = {}
-        """Positions found past their partition's log end and reset, per partition."""
+        """Positions of a log the broker lost, found and reset, per partition."""
+        self._committed_earlier: dict[Any, int] = {}
+        """The offset this consumer last committed of a partition it no longer holds."""
         self._assignor = CheckedAssignor(self._assignment_stale)
         self._rejoin = False
         """The broker handed back an assignment the leader had not computed: join anew."""
@@ -341,8 +344,11 @@ class KafkaConsumerBase(ABC):
                 todo.append((tp, st, pos))
         if not todo:
             return
-        try:
-            await self._consumer.commit({tp: pos for tp, _, pos in todo})
+        try:  # never write a position of a lost log over the new log's (empty) commit
+            await self._check_commits([tp for tp, _, _ in todo])
+            todo = [(tp, st, pos) for tp, st, pos in todo if self._parts.get(tp) is st]
+            if todo:
+                await self._consumer.commit({tp: pos for tp, _, pos in todo})
         except (CommitFailedError, IllegalStateError) as exc:
             self.commit_failures += 1
             throttled_log.warning(
@@ -352,7 +358,7 @@ class KafkaConsumerBase(ABC):
                 error=str(exc),
             )
             return
-        except KafkaError as exc:
+        except (KafkaError, TimeoutError) as exc:
             self.commit_failures += 1
             error = type(exc).__name__
             throttled_log.warning(
@@ -368,28 +374,33 @@ class KafkaConsumerBase(ABC):
         except TimeoutError:
             log.warning("kafka.revoke_commit_timeout", topic=self._topic)
         for tp in revoked:
-            self._parts.pop(tp, None)
+            st = self._parts.pop(tp, None)
+            if st is not None and st.committed is not None:
+                self._committed_earlier[tp] = st.committed
 
     def _on_assigned(self, assigned: Collection[Any]) -> None:
-        for tp in assigned:
-            self._parts[tp] = PartitionProgress()
+        for tp in assigned:  # what the group had of tp is checked again (_check_commits)
+            self._parts[tp] = st = PartitionProgress()
+            st.committed = self._committed_earlier.pop(tp, None)
 
     # -- positions past the log end, assignments the leader did not make ---------------
 
-    async def _reset_past_end(self, tp: Any, position: int, log_end: int) -> None:
-        """``tp``'s position lies past its log end (the broker lost its data, or the topic
-        was recreated): move it per ``auto_offset_reset``, count it, log it once. The
+    async def _reset_past_end(self, tp: Any, position: int, log_end: int | None) -> None:
+        """``tp``'s position belongs to a log the broker lost (its data, or the topic was
+        recreated): it lies past the log end, or (``log_end`` None) the group's committed
+        offset is gone. Move it per ``auto_offset_reset``, count it, log it once. The
         work of the old log still in flight no longer holds the commit point."""
         consumer = self._consumer
-        if self._reset_policy == "latest":
-            consumer.seek(tp, log_end)
-        else:
-            await consumer.seek_to_beginning(tp)
-        reset_to = await consumer.position(tp)
-        st = PartitionProgress()
-        st.next_offset = reset_to  # committed at the next commit
-        self._parts[tp] = st
+        self._parts[tp] = st = PartitionProgress()  # first: a concurrent check skips tp
+        self._committed_earlier.pop(tp, None)  # the group's offset of the old log
         self._forget_partition(tp)
+        if self._reset_policy == "earliest":
+            await consumer.seek_to_beginning(tp)
+        elif log_end is None:
+            await consumer.seek_to_end(tp)
+        else:
+            consumer.seek(tp, log_end)
+        st.next_offset = reset_to = await consumer.position(tp)  # committed next time
         note_offset_reset(
             self.offset_resets,
             self._offset_resets_metric,
@@ -399,7 +410,21 @@ class KafkaConsumerBase(ABC):
             log_end=log_end,
             reset_to=reset_to,
             policy=self._reset_policy,
+            cause="past_log_end" if log_end is not None else "committed_offset_lost",
         )
+
+    async def _check_commits(self, tps: Sequence[Any]) -> None:
+        """Reset (:meth:`_reset_past_end`) each of ``tps`` whose offset this consumer
+        committed the group no longer has (:func:`lost_commits`): the broker lost the log
+        it was read from, even if the new one already reaches past the position.
+        ``TimeoutError`` or a ``KafkaError`` when the group cannot be asked."""
+        parts = {tp: st for tp in tps if (st := self._parts.get(tp)) is not None}
+        committed = {tp: st.committed for tp, st in parts.items() if st.committed is not None}
+        for tp in await lost_commits(self._consumer, committed, _CHECK_COMMITS_TIMEOUT_S):
+            if tp in self._consumer.assignment():
+                position = await self._consumer.position(tp)
+                if self._parts.get(tp) is parts[tp]:  # not reset meanwhile
+                    await self._reset_past_end(tp, position, None)
 
     def _forget_partition(self, tp: Any) -> None:  # noqa: B027 (an optional hook)
         """Subclass hook: drop what a position reset of ``tp`` makes stale."""

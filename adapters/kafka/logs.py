@@ -62,6 +62,11 @@ class ClientLogThrottle(logging.Filter):
         """Records held back since the start."""
         return self._throttle.suppressed_total
 
+    @property
+    def pending(self) -> int:
+        """Records held back that no record let through has reported yet."""
+        return self._throttle.pending
+
     def filter(self, record: logging.LogRecord) -> bool:
         held = self._throttle.admit((record.name, str(record.msg)), self._clock())
         if held is None:

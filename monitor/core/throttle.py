@@ -36,6 +36,11 @@ class LineThrottle:
         self.suppressed_total = 0
         """Lines held back since the start, every key together."""
 
+    @property
+    def pending(self) -> int:
+        """Lines held back that no line let through has reported yet, every key together."""
+        return sum(state.held for state in self._keys.values())
+
     def admit(self, key: object, now: float) -> int | None:
         """``None`` when a line of ``key`` at ``now`` is held back; else the number of its
         lines held back since the last one let through (0 for the first)."""

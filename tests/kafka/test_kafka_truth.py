@@ -174,6 +174,7 @@ async def test_a_broker_cut_costs_a_bounded_number_of_client_log_lines(
         await wait_until(lambda: sink.seen == ["a0"], timeout_s=30, what="a0 at the sink")
         handler.records.clear()
         held_before = throttle.suppressed_total
+        reported_later = throttle.pending  # held before (an earlier test): reported now
         await asyncio.to_thread(stop_broker, broker["proc"])
         start = time.monotonic()
         await hold_still(25.0, why="the outage's length is what the log volume depends on")
@@ -196,7 +197,7 @@ async def test_a_broker_cut_costs_a_bounded_number_of_client_log_lines(
     # The flood was there and was held back, and the count is reported on a line.
     assert held >= 100, held
     reported = [r.suppressed for r in records if getattr(r, "suppressed", 0)]
-    assert reported and sum(reported) <= held
+    assert reported and sum(reported) <= held + reported_later
 
 
 async def test_a_committed_offset_past_the_log_end_is_reset_counted_and_read_from(

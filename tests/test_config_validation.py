@@ -791,3 +791,26 @@ def test_an_embedding_canonicalizer_beside_a_one_process_listener_is_warned_of(
     assert ("traffic.data_plane: 'inline' while task(s) t use the embedding" in err) == warned
     if warned:
         assert "set traffic.data_plane: process" in err
+
+
+@pytest.mark.parametrize(
+    ("match", "otlp", "warned"),
+    [
+        ("{attributes: {service.name: checkout}}", "false", True),
+        ("{attributes: {service.name: checkout}}", "true", False),
+        ("{model: m}", "false", False),
+    ],
+)
+def test_matching_span_attributes_without_the_receiver_is_warned_of(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], match: str, otlp: str, warned: bool
+) -> None:
+    text = (
+        f"tasks: [{{name: t, endpoint: {{model: m}}, match: {match}}}]\n"
+        f"traffic: {{otlp: {{enabled: {otlp}}}}}\nreview: {{token: t0k3n}}\n"
+    )
+    assert main(["check-config", "--config", str(write(tmp_path, text))]) == 0
+    err = capsys.readouterr().err
+    said = "tasks[0] (t).match.attributes: only spans carry attributes" in err
+    assert said == warned, err
+    if warned:
+        assert "traffic.otlp.enabled is false: no event will match this task" in err

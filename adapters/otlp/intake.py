@@ -2,7 +2,9 @@
 counted and, when it is an inference span, read and offered to the service as a traffic
 event of source ``otlp``; nothing accepted is dropped silently.
 
-At receipt (:meth:`OtlpIntake.take_spans`, in the request): a span that is not an
+At receipt each span is read alone (:func:`read_alone`, pure: the receiver runs it
+off the event loop, so a request of thousands of spans never stalls the other sources),
+then taken (:meth:`OtlpIntake.take_spans`, in the request): a span that is not an
 inference span is counted and forgotten (never read past the attributes that classify
 it); an inference span whose own record is unreadable (messages cut mid-JSON, another
 schema, no model) is rejected at once, so the request's ``partial_success`` counts it;
@@ -42,12 +44,20 @@ from monitor.engine.metrics import UNMONITORED
 from monitor.engine.otlp_metrics import OtlpMetrics
 from monitor.engine.ports import Admission
 
-__all__ = ["SOURCE", "OtlpIntake"]
+__all__ = ["SOURCE", "OtlpIntake", "Reading", "read_alone"]
 
 log = structlog.get_logger("relmon")
 
 SOURCE = "otlp"
 _GENAI_EVENT = "gen_ai."
+
+Reading = tuple[Span, SpanCall, bool]
+"""A span, its reading without log records, and whether it may be an inference span."""
+
+
+def read_alone(spans: Sequence[Span]) -> list[Reading]:
+    """Each span read without its log records (no state touched: safe in a thread)."""
+    return [(s, read_span(s), is_inference(s.attributes) is not False) for s in spans]
 
 
 class Offer(Protocol):
@@ -134,21 +144,20 @@ class OtlpIntake:
         """Spans held: waiting for their records or for the service's room."""
         return self._joiner.waiting + len(self._held)
 
-    def has_room(self, spans: Sequence[Span]) -> bool:
+    def has_room(self, readings: Sequence[Reading]) -> bool:
         """Whether the inference spans of a request fit under ``queue_size``."""
-        wanted = sum(1 for s in spans if is_inference(s.attributes) is not False)
+        wanted = sum(1 for _, _, inference in readings if inference)
         return wanted == 0 or self.held + wanted <= self.queue_size
 
-    def take_spans(self, spans: Sequence[Span]) -> tuple[int, str]:
+    def take_spans(self, readings: Sequence[Reading]) -> tuple[int, str]:
         """Count, reject or hold each span (see the module); the number rejected and
         why (for the answer's ``partial_success``)."""
         now = self._clock()
         rejected: dict[str, int] = {}
-        for span in spans:
-            if is_inference(span.attributes) is False:
-                self._metrics.spans.labels(read_span(span).shape, "not_inference").inc()
+        for span, alone, inference in readings:
+            if not inference:
+                self._metrics.spans.labels(alone.shape, "not_inference").inc()
                 continue
-            alone = read_span(span)
             if alone.outcome == "rejected":
                 self._count(span, alone)
                 reason = alone.reason or "unreadable"
@@ -159,12 +168,15 @@ class OtlpIntake:
                 self._settle(joined.span, joined.records)
         return sum(rejected.values()), _why(rejected, "spans")
 
-    def drop_spans(self, spans: Sequence[Span]) -> None:
+    def refused(self, status: int) -> None:
+        """A request refused whole (400, 413, 415, 429, 503): counted, its items not."""
+        self._metrics.requests_refused.labels(str(status)).inc()
+
+    def drop_spans(self, readings: Sequence[Reading]) -> None:
         """A forwarded request relmon had no room for: its spans counted, not read."""
-        for span in spans:
-            inference = is_inference(span.attributes) is not False
+        for span, alone, inference in readings:
             outcome = "rejected" if inference else "not_inference"
-            self._metrics.spans.labels(read_span(span).shape, outcome).inc()
+            self._metrics.spans.labels(alone.shape, outcome).inc()
             if inference:
                 self._count_api(SOURCE, provider_api(span.attributes))
                 self._count_decision(SOURCE, "dropped")

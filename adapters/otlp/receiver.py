@@ -7,32 +7,38 @@ A body is protobuf (``application/x-protobuf``) or the OTLP JSON mapping
 request's encoding (its ``partial_success`` counting what was rejected, and why); 400 for
 a body that does not decode; 413 past ``max_body_bytes``, as sent or gunzipped; 415 for
 another content type or encoding; 429 with ``Retry-After`` when relmon holds as many spans
-as it may (:class:`~adapters.otlp.intake.OtlpIntake`), 503 while it stops.
+as it may (:class:`~adapters.otlp.intake.OtlpIntake`), 503 while it stops; each refusal
+counted by its status. A gzipped body is inflated up to ``max_body_bytes`` and no further
+(a gzip bomb costs that much), and a body is decoded and read in a thread, so a request of
+thousands of spans never holds the event loop the other sources answer on.
 
 With ``forward_to``, every request (413 as sent aside: relmon never holds more) also goes
-on unchanged, its body, content type and encoding as they came, to the same path there;
-the client gets that collector's answer, whatever relmon's own reading of it (which is
-never dropped silently: past its room, the request's inference spans are counted
-``dropped``). No request body is ever logged.
+on unchanged, its body, content type and encoding as they came, to the same path there,
+sent while relmon reads its own copy (never after); the client gets that collector's
+answer, whatever relmon's own reading of it (which is never dropped silently: past its
+room, the request's inference spans are counted ``dropped``). No request body is ever logged.
 """
 
 from __future__ import annotations
 
+import asyncio
 import zlib
 from typing import Final
 
 import aiohttp
-import structlog
 from aiohttp import web
 
-from adapters.otlp.intake import SOURCE, OtlpIntake
+from adapters.otlp.intake import SOURCE, OtlpIntake, Reading, read_alone
 from adapters.otlp.wire import JSON, PROTOBUF, decode, export_response, status_body
+from monitor.core.failures import internal_error
 from monitor.core.traces.otlp_json import OtlpDecodeError
 from monitor.core.traces.spans import LogRecord, Span
+from monitor.engine.logs import ThrottledLog
 
 __all__ = ["OtlpReceiver"]
 
-log = structlog.get_logger("relmon")
+_log = ThrottledLog()
+"""Lines a client or the downstream can cause, at most one per cause per interval."""
 
 RETRY_AFTER_S: Final = 2
 _HOP_BY_HOP: Final = frozenset(
@@ -132,34 +138,43 @@ class OtlpReceiver:
         answer_type = JSON if media == JSON else PROTOBUF
         length = request.content_length
         if length is not None and length > self.max_body_bytes:
-            return self._error(413, f"body over {self.max_body_bytes} bytes", answer_type)
+            return self._refuse(413, f"body over {self.max_body_bytes} bytes", answer_type)
         try:
             raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
-            return self._error(413, f"body over {self.max_body_bytes} bytes", answer_type)
-        try:
-            answer = self._read(kind, media, request.headers.get("Content-Encoding"), raw)
-        except _RefusedError as refused:
-            answer = self._error(refused.status, str(refused), answer_type)
-            if self.forward_to is None or refused.status != 429:
-                log.warning(
-                    "otlp_request_refused", kind=kind, status=refused.status, reason=str(refused)
-                )
+            return self._refuse(413, f"body over {self.max_body_bytes} bytes", answer_type)
+        # Sent on as it arrived, while relmon reads its own copy: never waiting on it.
+        forward = None
         if self.forward_to is not None:
-            return await self._forward(request, raw)
+            forward = asyncio.ensure_future(self._forward(request, raw))
+        try:
+            answer = await self._read(kind, media, request.headers.get("Content-Encoding"), raw)
+        except _RefusedError as refused:
+            answer = self._refuse(refused.status, str(refused), answer_type)
+            if forward is None or refused.status != 429:
+                _log.warning(  # a client can send any number: rate-limited
+                    "otlp_request_refused",
+                    key=(kind, refused.status),
+                    kind=kind,
+                    status=refused.status,
+                    reason=str(refused),
+                )
+        except Exception as exc:
+            if forward is None:
+                raise
+            _log.error("otlp_read_failed", key=type(exc).__name__, error=internal_error(exc))
+        if forward is not None:
+            return await forward
         return answer
 
-    def _read(self, kind: str, media: str, encoding: str | None, raw: bytes) -> web.Response:
+    async def _read(self, kind: str, media: str, encoding: str | None, raw: bytes) -> web.Response:
         """relmon's own reading of a request (its answer, or :class:`_RefusedError`)."""
         if media not in (PROTOBUF, JSON):
             raise _RefusedError(415, f"content type must be {PROTOBUF} or {JSON}")
-        body = self._decoded(raw, (encoding or "identity").strip().lower())
-        try:
-            items = decode(kind, media, body)
-        except OtlpDecodeError as exc:
-            raise _RefusedError(400, str(exc)) from None
+        # Gunzipped, decoded and read in a thread: 10,000 spans take most of a second of
+        # CPU, which the event loop (and the proxy or mirror on it) must not wait for.
         if kind == "traces":
-            spans = [s for s in items if isinstance(s, Span)]
+            spans = await asyncio.to_thread(self._spans, media, encoding, raw)
             if self.stopping or not self.intake.connected:
                 self._full(spans)
                 raise _RefusedError(503, "relmon is stopping")
@@ -168,11 +183,29 @@ class OtlpReceiver:
                 raise _RefusedError(429, "relmon holds as many spans as it may: retry later")
             rejected, why = self.intake.take_spans(spans)
         else:
-            records = [r for r in items if isinstance(r, LogRecord)]
+            records = await asyncio.to_thread(self._records, media, encoding, raw)
             rejected, why = self.intake.take_records(records)
         return web.Response(body=export_response(kind, media, rejected, why), content_type=media)
 
-    def _full(self, spans: list[Span]) -> None:
+    def _items(
+        self, kind: str, media: str, encoding: str | None, raw: bytes
+    ) -> list[Span] | list[LogRecord]:
+        body = self._decoded(raw, (encoding or "identity").strip().lower())
+        try:
+            return decode(kind, media, body)
+        except OtlpDecodeError as exc:
+            raise _RefusedError(400, str(exc)) from None
+
+    def _spans(self, media: str, encoding: str | None, raw: bytes) -> list[Reading]:
+        """The request's spans, each read alone (no state touched: run in a thread)."""
+        items = self._items("traces", media, encoding, raw)
+        return read_alone([s for s in items if isinstance(s, Span)])
+
+    def _records(self, media: str, encoding: str | None, raw: bytes) -> list[LogRecord]:
+        items = self._items("logs", media, encoding, raw)
+        return [r for r in items if isinstance(r, LogRecord)]
+
+    def _full(self, spans: list[Reading]) -> None:
         """No room: a forwarded request's spans are counted dropped (its client will not
         send it again); another client retries after ``Retry-After``."""
         if self.forward_to is not None:
@@ -197,7 +230,9 @@ class OtlpReceiver:
             raise _RefusedError(413, f"body over {self.max_body_bytes} bytes")
         return body
 
-    def _error(self, status: int, message: str, media: str) -> web.Response:
+    def _refuse(self, status: int, message: str, media: str) -> web.Response:
+        """The answer to a request refused whole, counted by its status."""
+        self.intake.refused(status)
         code = {429: _RESOURCE_EXHAUSTED, 413: _RESOURCE_EXHAUSTED, 503: _UNAVAILABLE}
         headers = {"Retry-After": str(RETRY_AFTER_S)} if status in (429, 503) else None
         body = status_body(code.get(status, _INVALID_ARGUMENT), message, media)
@@ -219,5 +254,5 @@ class OtlpReceiver:
         except TimeoutError:
             return web.Response(status=504, text="forward_to did not answer in time")
         except aiohttp.ClientError as exc:
-            log.warning("otlp_forward_failed", error=type(exc).__name__)
+            _log.warning("otlp_forward_failed", key=type(exc).__name__, error=type(exc).__name__)
             return web.Response(status=502, text="forward_to cannot be reached")

@@ -406,8 +406,22 @@ def validate_settings(settings: Settings, *, review_token: str | None = None) ->
         *route_warnings,
         *budget_warnings(settings),
         *_data_plane_warnings(settings),
+        *_span_match_warnings(settings),
     ]
     return [f"{settings._source}: {w}" for w in warnings]
+
+
+def _span_match_warnings(settings: Settings) -> list[str]:
+    """A task matching span attributes with no source of spans: it never matches."""
+    if settings.traffic.otlp.enabled or settings.kafka.enabled:
+        return []  # spans come to the receiver, or as Kafka events of format otlp
+    return [
+        f"{task_label(i, t.name)}.match.attributes: only spans carry attributes, and "
+        "traffic.otlp.enabled is false: no event will match this task "
+        "(docs/opentelemetry.md, traces as a source)"
+        for i, t in enumerate(settings.tasks)
+        if t.match.attributes
+    ]
 
 
 def _data_plane_warnings(settings: Settings) -> list[str]:

@@ -8,15 +8,17 @@ from prometheus_client import CollectorRegistry, Counter
 
 from monitor.core.traces.shapes import OUTCOMES, SHAPES
 
-__all__ = ["LOG_RECORD_OUTCOMES", "OtlpMetrics"]
+__all__ = ["LOG_RECORD_OUTCOMES", "REFUSED_STATUSES", "OtlpMetrics"]
 
 LOG_RECORD_OUTCOMES: Final = ("taken", "ignored", "rejected", "dropped")
 """``relmon_otlp_log_records_total{outcome}`` values."""
+REFUSED_STATUSES: Final = ("400", "413", "415", "429", "503")
+"""``relmon_otlp_requests_refused_total{status}`` values."""
 
 
 class OtlpMetrics:
-    """``relmon_otlp_spans_total{shape,outcome}`` and
-    ``relmon_otlp_log_records_total{outcome}``, created when the receiver starts."""
+    """``relmon_otlp_spans_total{shape,outcome}``, ``relmon_otlp_log_records_total{outcome}``
+    and ``relmon_otlp_requests_refused_total{status}``, created when the receiver starts."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.spans = Counter(
@@ -37,6 +39,16 @@ class OtlpMetrics:
             ("outcome",),
             registry=registry,
         )
+        self.requests_refused = Counter(
+            "relmon_otlp_requests_refused",
+            "Requests the OTLP receiver refused whole, by the status it answered: 400 (a "
+            "body that does not decode), 413 (past traffic.otlp.max_body_bytes, as sent or "
+            "gunzipped), 415 (another content type or encoding), 429 (no room: the exporter "
+            "retries), 503 (relmon stopping). Counted with forward_to too, whose answer the "
+            "client gets instead.",
+            ("status",),
+            registry=registry,
+        )
 
     def init(self) -> None:
         """Every series at 0."""
@@ -45,3 +57,5 @@ class OtlpMetrics:
                 self.spans.labels(shape, outcome)
         for outcome in LOG_RECORD_OUTCOMES:
             self.log_records.labels(outcome)
+        for status in REFUSED_STATUSES:
+            self.requests_refused.labels(status)

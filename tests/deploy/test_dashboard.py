@@ -134,6 +134,9 @@ def test_rates_use_rate_interval_and_every_series_is_filtered_by_the_variables()
                 "relmon_budget_utilization",
                 "relmon_items_waiting",
                 "relmon_kafka_consumer_lag",
+                "relmon_otlp_spans_total",
+                "relmon_otlp_log_records_total",
+                "relmon_otlp_requests_refused_total",
             }:
                 continue  # no model or task label on these
             assert 'model=~"$model"' in labels and 'task=~"$task"' in labels, (title, name)

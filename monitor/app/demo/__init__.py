@@ -67,7 +67,13 @@ def demo_settings(
         ],
         metrics={"port": metrics_port},
         review={"port": review_port},
-        traffic={"port": traffic_port, "mode": "proxy", "upstream_url": origin},
+        traffic={
+            "port": traffic_port,
+            "mode": "proxy",
+            "upstream_url": origin,
+            # the OTLP receiver on any free port: its counters on /metrics, at 0
+            "otlp": {"enabled": True, "port": 0},
+        },
         budget={"calls_per_minute": 20_000, "max_in_flight": 8, "queue_size": 256},
         state_dir=state_dir,
         log_format="json",

@@ -137,6 +137,7 @@ bench: $(COMPILE_STAMP)
 	$(BIN)/python bench/stopping_bench.py --json bench/results/stopping.json
 	$(BIN)/python bench/calibration_bench.py --json bench/results/calibration.json
 	$(BIN)/python bench/core_bench.py --json bench/results/core.json
+	$(BIN)/python bench/otlp_bench.py --json bench/results/otlp.json
 	$(BIN)/python bench/report.py --end
 
 # Kafka scale-out (not part of make bench, about 12 minutes): events/s through 1 and 2

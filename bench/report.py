@@ -42,6 +42,7 @@ SECTIONS = (
     "ppi",
     "chaos_before",
     "chaos",
+    "otlp",
 )
 
 
@@ -1554,6 +1555,83 @@ def chaos(before: dict[str, Any] | None, after: dict[str, Any] | None) -> list[s
     return out
 
 
+def otlp(doc: dict[str, Any] | None) -> list[str]:
+    """Section 11: the OTLP/HTTP receiver beside a bare decoder, and ``forward_to``'s
+    added latency."""
+    if doc is None:
+        return []
+    t, f = doc["throughput"], doc["forward"]
+    b, r, x, goals = t["bare"], t["relmon"], t["ratio"], t["goals"]
+    out = [
+        "## 11. OTLP/HTTP receiver",
+        "",
+        f"`bench/otlp_bench.py`: OTLP protobuf export requests of {doc['spans_per_request']} "
+        f"spans ({doc['request_bytes']:,} bytes; 1 span in {doc['inference_every']} a GenAI "
+        "chat span with its messages, the others HTTP server spans; trace ids new in every "
+        "request) posted by Debian's `wrk` (one thread, closed loop, its own process) to "
+        "`relmon run` with `traffic.otlp` alone (one task, sampling rate "
+        f"{doc['sampling_rate']:g}, code at {doc.get('code', 'unknown')}) and to a bare "
+        "aiohttp handler that decodes the body (`ExportTraceServiceRequest.FromString`) and "
+        f"answers 200, alternating, at {doc['connections']} connections. CPU per span: user "
+        "+ system time of the server's process from `/proc` over the same run. Medians over "
+        f"{doc['repeats']} repeats of {doc['seconds']:g} s. {_ran(doc)}"
+        + (" (A `--quick` smoke run: its figures say nothing.)" if doc.get("quick") else ""),
+        "",
+    ]
+    out += _table(
+        ["server", "spans/s", "CPU µs/span", "p50 / p99 ms", "errors"],
+        [
+            [
+                label,
+                f"{s['spans_per_s']:,.0f}",
+                f"{s['cpu_us_per_span']:.2f}",
+                f"{s['p50_ms']:.2f} / {s['p99_ms']:.2f}",
+                f"{s['errors']:.0f}",
+            ]
+            for label, s in (("bare decoder (baseline)", b), ("relmon's receiver", r))
+        ],
+    )
+    verdict = {True: "met", False: "missed"}
+    out += [
+        "",
+        f"relmon against the bare decoder: spans/s {_x(x['spans_per_s'])} (goal ≥ "
+        f"×{goals['spans_per_s']:g}: {verdict[t['met']['spans_per_s']]}), CPU per span "
+        f"{_x(x['cpu_per_span'])} (goal ≤ ×{goals['cpu_per_span']:g}: "
+        f"{verdict[t['met']['cpu_per_span']]}). relmon counted "
+        f"{doc['relmon_spans_counted']:,.0f} spans for the {doc['spans_sent_to_relmon']:,.0f} "
+        "wrk reported sent (wrk does not count the requests in flight when a run ends). "
+        f"The servers kept {b['cpu_busy']:.2f} (bare) and {r['cpu_busy']:.2f} (relmon) of a "
+        "core busy: below 1, the machine (the load generator and other processes on the "
+        "same 2 shared cores) bounds the rate, so CPU per span is the steadier ratio.",
+        "",
+        "`forward_to`: the same requests at one connection to the bare handler as a "
+        "collector, directly and through a second `relmon run` forwarding to it, alternating; "
+        "added: relmon's figure minus the direct one's in the same repeat.",
+        "",
+    ]
+    d, w, a = f["direct"], f["forward"], f["added"]
+    out += _table(
+        ["path", "p50 ms", "p99 ms", "errors"],
+        [
+            [
+                "client → collector",
+                f"{d['p50_ms']:.2f}",
+                f"{d['p99_ms']:.2f}",
+                f"{d['errors']:.0f}",
+            ],
+            [
+                "client → relmon → collector",
+                f"{w['p50_ms']:.2f}",
+                f"{w['p99_ms']:.2f}",
+                f"{w['errors']:.0f}",
+            ],
+            ["added by relmon", f"+{a['p50_ms']:.2f}", f"+{a['p99_ms']:.2f}", ""],
+        ],
+    )
+    command = doc.get("command", ".venv/bin/python bench/otlp_bench.py")
+    return [*out, "", f"Reproduce: `{command}`", ""]
+
+
 def render(docs: dict[str, dict[str, Any]]) -> str:
     lines = [
         "# Benchmark results",
@@ -1606,6 +1684,7 @@ def render(docs: dict[str, dict[str, Any]]) -> str:
     lines += store_replicas(docs.get("store_replicas"))
     lines += ppi(docs.get("ppi"))
     lines += chaos(docs.get("chaos_before"), docs.get("chaos"))
+    lines += otlp(docs.get("otlp"))
     return "\n".join(lines).rstrip() + "\n"
 
 

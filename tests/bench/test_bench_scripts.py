@@ -763,3 +763,37 @@ def test_chaos_readiness_and_catch_up_are_read_off_the_timeline() -> None:
     assert chaos.caught_up_after(line, end=20.0) == pytest.approx(0.0)
     line.queued[-1] = (39.0, 30)  # behind at the last look: not caught up
     assert chaos.caught_up_after(line, end=10.0) is None
+
+
+@pytest.mark.timeout(300)
+def test_otlp_bench_measures_the_receiver_and_the_forward(tmp_path: Path) -> None:
+    """The OTLP receiver's bench in its quick mode (about 15 s: wrk, the bare decoder,
+    two ``relmon run``): both throughput rows and both forward rows measured, relmon
+    counting every span wrk saw answered, and section 11 rendering them."""
+    out = tmp_path / "otlp.json"
+    error = run_quick("otlp_bench.py", out)
+    assert error is None, error
+    doc = json.loads(out.read_text())
+    assert doc["benchmark"] == "otlp" and doc["quick"] is True
+    assert doc["spans_per_request"] == 100 and doc["inference_every"] == 100
+    t, f = doc["throughput"], doc["forward"]
+    for target in ("bare", "relmon"):
+        assert positive(t[target]["spans_per_s"]) and positive(t[target]["cpu_us_per_span"])
+        assert positive(t[target]["cpu_busy"])
+        assert t[target]["errors"] == 0
+    assert t["ratio"]["spans_per_s"] == pytest.approx(
+        t["relmon"]["spans_per_s"] / t["bare"]["spans_per_s"]
+    )
+    assert t["ratio"]["cpu_per_span"] == pytest.approx(
+        t["relmon"]["cpu_us_per_span"] / t["bare"]["cpu_us_per_span"]
+    )
+    for target in ("direct", "forward"):
+        assert f[target]["errors"] == 0 and positive(f[target]["p99_ms"])
+    assert f["added"]["p50_ms"] == pytest.approx(f["forward"]["p50_ms"] - f["direct"]["p50_ms"])
+    assert doc["relmon_spans_counted"] >= doc["spans_sent_to_relmon"] > 0
+    md = tmp_path / "RESULTS.md"
+    render(results=tmp_path, out=md)
+    section = md.read_text().split("## 11. OTLP/HTTP receiver", 1)[1]
+    assert "smoke run" in section
+    for row in ("| bare decoder (baseline) |", "| relmon's receiver |", "| added by relmon |"):
+        assert row in section, row

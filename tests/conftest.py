@@ -24,7 +24,10 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
-pytest_plugins = ["tests.leaks"]  # streams left open when a test's loop closed
+pytest_plugins = [
+    "tests.leaks",  # streams left open when a test's loop closed
+    "tests.apis_e2e.upstream",  # the `upstream` fixture: a server of every wire API
+]
 
 settings.register_profile("relmon", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("relmon")

@@ -60,15 +60,6 @@ def _right_base(api: str, url: str) -> str:
 
 
 @pytest.fixture
-async def upstream() -> AsyncIterator[Upstream]:
-    server = await Upstream().start()
-    try:
-        yield server
-    finally:
-        await server.stop()
-
-
-@pytest.fixture
 async def nothing_here() -> AsyncIterator[tuple[str, list[str]]]:
     """A server on 127.0.0.1 that answers 404 to every request: its URL and the paths
     it was asked for."""

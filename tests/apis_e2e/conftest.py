@@ -2,8 +2,9 @@
 API: one task per API (``match.api``), each re-asking the upstream in its own API with a
 key of its own, so that a re-ask is told from a production request by its credential.
 
-``upstream`` starts and stops the fixture server; :func:`relmon` starts the service
-(proxy or mirror) and always closes it; :func:`review_item` waits for a scored item.
+The ``upstream`` fixture (:mod:`.upstream`) starts and stops the server; :func:`relmon`
+starts the service (proxy or mirror) and always closes it; :func:`review_item` waits for
+a scored item.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import pytest
 import yaml
 from google import genai
 from google.genai import types as gtypes
@@ -69,15 +69,6 @@ APIS = {
     "completions": "openai.completions",
 }
 _VERSIONED = ("chat", "responses", "completions")  # OpenAI-style base URLs end in /v1
-
-
-@pytest.fixture
-async def upstream() -> AsyncIterator[Upstream]:
-    server = await Upstream().start()
-    try:
-        yield server
-    finally:
-        await server.stop()
 
 
 def api_task(name: str, up: Upstream, **extra: Any) -> dict[str, Any]:

@@ -14,16 +14,17 @@ answered as SSE (the agent's: deltas, then a final event with the whole answer).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 from aiohttp import web
 
 from tests.apis_e2e import bodies
 from tests.ports import free_port
 
-__all__ = ["MODELS_LIST", "Received", "Upstream"]
+__all__ = ["MODELS_LIST", "Received", "Upstream", "upstream"]
 
 MODELS_LIST = {
     "object": "list",
@@ -215,3 +216,14 @@ class Upstream:
     async def _other(self, request: web.Request) -> web.StreamResponse:
         got = await self._record(request)
         return await self._json(got, {"object": "other", "path": request.path})
+
+
+@pytest.fixture
+async def upstream() -> AsyncIterator[Upstream]:
+    """The server, started and stopped by each test that uses it (a plugin of the suite:
+    tests/conftest.py; a directory may define an ``upstream`` of its own)."""
+    server = await Upstream().start()
+    try:
+        yield server
+    finally:
+        await server.stop()

@@ -2,11 +2,10 @@
 
 pytest-asyncio closes each test's loop at its end. A ``StreamWriter`` still open then
 (an aiokafka connection, a relay's socket) warns "loop is closed" only when the garbage
-collector reaches it, which can be minutes later, inside another test: that warning
-says nothing about where the leak is, so the suite ignores it (pyproject.toml). This
-plugin says instead: after every test it lists the writers whose loop has closed with
-their transport open, with the test and where each was created, in the run's summary.
-A writer left open while its loop still runs still warns "unclosed", and fails its test.
+collector reaches it, which can be minutes later, inside another test, which then fails
+without a word about where the leak is. This plugin says where: after every test it
+lists the writers whose loop has closed with their transport open, with the test and
+where each was created, in the run's summary.
 """
 
 from __future__ import annotations

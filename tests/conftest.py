@@ -25,7 +25,6 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 pytest_plugins = [
-    "tests.leaks",  # streams left open when a test's loop closed
     "tests.apis_e2e.upstream",  # the `upstream` fixture: a server of every wire API
 ]
 
